@@ -1,0 +1,28 @@
+# polar-vit-hf: the two commands of the README quickstart.
+#   make demo   - the project's main job (installs what it needs first)
+#   make test   - the whole test suite (installs what it needs first)
+# Both are idempotent: the virtual environment is (re)built only when setup.cfg changes.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test,train,triton]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) benchmarks/precision.py --out outputs/precision
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .hypothesis

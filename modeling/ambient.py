@@ -1,0 +1,192 @@
+"""Ambient Lorentz arithmetic: the baseline twins of the polar operations in :mod:`geometry`.
+
+Points are ambient coordinates ``x = (x_0, x_s)`` of shape ``(..., n+1)`` on
+``<x, x>_L = -k``.  These are the textbook formulas (Chen et al. 2022, Law et al. 2019, Bdeir et
+al. 2024/2025) that the Polar-ViT paper compares against: they subtract two quantities of size
+``e^{2a}`` and fail silently from ``r ~ 8`` in float32 (paper Section 3.1, Proposition 1).  They
+are exact in exact arithmetic, agree with the polar forms to ~1e-12 in float64 at moderate
+radius, and are used by ``arithmetic="ambient"`` models and by the precision benchmark.
+
+Part of the remote code of exported checkpoints: imports only ``torch`` and :mod:`geometry`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .geometry import Curvature, _check_axis, _sqrt_k
+
+__all__ = [
+    "busemann_nu",
+    "centroid",
+    "distance",
+    "expmap",
+    "from_space",
+    "gyroadd",
+    "horoshift",
+    "inner",
+    "logmap",
+    "pairwise_sq_distance",
+    "project_grad",
+    "sq_distance",
+    "tangent_from_polar",
+    "tangent_to_polar",
+    "transport",
+]
+
+# Floor of the Lorentz norm and of arcosh's argument, as in common ambient implementations.
+_NORM_FLOOR = 1e-8
+
+
+def _check_ambient(x: Tensor, name: str = "x") -> None:
+    if x.dim() < 1 or x.shape[-1] < 2:
+        raise ValueError(f"{name} must have ambient coordinates (..., n+1), got shape {tuple(x.shape)}")
+
+
+def inner(x: Tensor, y: Tensor) -> Tensor:
+    """Lorentzian inner product ``<x, y>_L = -x_0 y_0 + x_s . y_s`` (Section 3)."""
+    if x.shape[-1] != y.shape[-1]:
+        raise ValueError(f"shape mismatch: {tuple(x.shape)} vs {tuple(y.shape)}")
+    return -x[..., 0] * y[..., 0] + (x[..., 1:] * y[..., 1:]).sum(-1)
+
+
+def from_space(xs: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Complete space coordinates with the recomputed time ``x_0 = sqrt(k + ||x_s||^2)`` (Section 3)."""
+    _sqrt_k(k)
+    return torch.cat([torch.sqrt(k + xs.square().sum(-1, keepdim=True)), xs], dim=-1)
+
+
+def sq_distance(x: Tensor, y: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Squared distance ``k arcosh(-<x, y>_L / k)^2``, Eq. 1 (argument clamped at ``1 + 1e-8``)."""
+    sk = _sqrt_k(k)
+    _check_ambient(x)
+    _check_ambient(y, "y")
+    arg = (-inner(x, y) / k).clamp_min(1.0 + _NORM_FLOOR)
+    return (sk * torch.acosh(arg)).square()
+
+
+def distance(x: Tensor, y: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Geodesic distance ``sqrt(k) arcosh(-<x, y>_L / k)``, Eq. 1."""
+    sk = _sqrt_k(k)
+    arg = (-inner(x, y) / k).clamp_min(1.0)
+    return sk * torch.acosh(arg)
+
+
+def pairwise_sq_distance(xq: Tensor, xk: Tensor, k: Curvature = 1.0) -> Tensor:
+    """All squared distances ``(..., Nq, n+1) x (..., Nk, n+1) -> (..., Nq, Nk)`` via one matmul."""
+    sk = _sqrt_k(k)
+    _check_ambient(xq, "xq")
+    _check_ambient(xk, "xk")
+    minus_inner = xq[..., :, None, 0] * xk[..., None, :, 0] - xq[..., 1:] @ xk[..., 1:].transpose(-1, -2)
+    return (sk * torch.acosh((minus_inner / k).clamp_min(1.0 + _NORM_FLOOR))).square()
+
+
+def centroid(x: Tensor, weights: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Weighted Lorentz centroid, Eq. 4: ``mu = sqrt(k) s / sqrt(|<s, s>_L|)`` with ``s = sum w x``.
+
+    ``x (..., M, n+1)``, ``weights (..., N, M)`` -> ``(..., N, n+1)``.  The Lorentz norm is floored
+    at ``1e-8``; a row of zero weights returns the origin.
+    """
+    sk = _sqrt_k(k)
+    _check_ambient(x)
+    if weights.shape[-1] != x.shape[-2]:
+        raise ValueError(f"weights {tuple(weights.shape)} must end with M={x.shape[-2]}")
+    s = weights @ x
+    norm = torch.sqrt(inner(s, s).abs().clamp_min(_NORM_FLOOR))
+    mu = sk * s / norm.unsqueeze(-1)
+    origin = torch.zeros_like(mu)
+    origin[..., 0] = sk
+    return torch.where((weights.sum(-1) <= 0).unsqueeze(-1), origin, mu)
+
+
+def gyroadd(x: Tensor, y: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Gyroaddition ``x (+) y``, Eq. 20: ``z = y_s + [x_s.y_s / (sqrt(k)(x_0 + sqrt(k))) + y_0/sqrt(k)] x_s``.
+
+    The time coordinate is recomputed from the space part.
+    """
+    sk = _sqrt_k(k)
+    _check_ambient(x)
+    _check_ambient(y, "y")
+    xs, ys = x[..., 1:], y[..., 1:]
+    coef = (xs * ys).sum(-1) / (sk * (x[..., 0] + sk)) + y[..., 0] / sk
+    return from_space(ys + coef.unsqueeze(-1) * xs, k)
+
+
+def project_grad(x: Tensor, grad: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Riemannian gradient: raise ``(-g_0, g_s)`` and project, ``v + <x, v>_L x / k`` (Appendix B.2)."""
+    _sqrt_k(k)
+    raised = torch.cat([-grad[..., :1], grad[..., 1:]], dim=-1)
+    return raised + (inner(x, raised) / k).unsqueeze(-1) * x
+
+
+def expmap(x: Tensor, xi: Tensor, k: Curvature = 1.0) -> Tensor:
+    """``exp_x(xi) = cosh(w) x + sqrt(k) sinh(w) xi / ||xi||_L`` with ``w = ||xi||_L / sqrt(k)``."""
+    sk = _sqrt_k(k)
+    norm = torch.sqrt(inner(xi, xi).clamp_min(0.0))
+    w = (norm / sk).unsqueeze(-1)
+    sinhc = torch.where(w > 1e-12, torch.sinh(w) / w.clamp_min(1e-12), torch.ones_like(w))
+    return torch.cosh(w) * x + sinhc * xi
+
+
+def logmap(x: Tensor, y: Tensor, k: Curvature = 1.0) -> Tensor:
+    """``log_x(y) = arcosh(alpha) / sqrt(alpha^2 - 1) (y - alpha x)`` with ``alpha = -<x, y>_L / k`` (B.4)."""
+    _sqrt_k(k)
+    alpha = (-inner(x, y) / k).clamp_min(1.0)
+    diff = alpha.square() - 1.0
+    close = diff < 1e-12
+    factor = torch.where(
+        close, torch.ones_like(alpha), torch.acosh(alpha) / torch.sqrt(torch.where(close, torch.ones_like(diff), diff))
+    )
+    return factor.unsqueeze(-1) * (y - alpha.unsqueeze(-1) * x)
+
+
+def transport(x: Tensor, y: Tensor, xi: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Parallel transport ``xi + <y, xi>_L (x + y) / (k - <x, y>_L)`` (B.5)."""
+    _sqrt_k(k)
+    coef = inner(y, xi) / (k - inner(x, y))
+    return xi + coef.unsqueeze(-1) * (x + y)
+
+
+def busemann_nu(x: Tensor, ideal_axis: int) -> Tensor:
+    """Busemann coordinate ``nu = x_0 - x_1`` (Eq. 10); ``ideal_axis`` indexes space coordinates."""
+    _check_axis(ideal_axis, x.shape[-1] - 1, "ideal_axis")
+    return x[..., 0] - x[..., 1 + ideal_axis]
+
+
+def horoshift(
+    x: Tensor, t: Tensor | float, ideal_axis: int, shift_axis: int, k: Curvature = 1.0
+) -> Tensor:
+    """Horospherical shift, Eq. 10 as written: ``x_2 += t nu``, ``x_0, x_1 += t x_2 + t^2 nu / 2``."""
+    _sqrt_k(k)
+    _check_axis(shift_axis, x.shape[-1] - 1, "shift_axis")
+    if ideal_axis == shift_axis:
+        raise ValueError("ideal_axis and shift_axis must be different space axes")
+    nu = busemann_nu(x, ideal_axis)
+    t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+    i1, i2 = 1 + ideal_axis, 1 + shift_axis
+    x2 = x[..., i2]
+    lift = t * x2 + 0.5 * t.square() * nu
+    out = x.clone()
+    out[..., 0] = x[..., 0] + lift
+    out[..., i1] = x[..., i1] + lift
+    out[..., i2] = x2 + t * nu
+    return out
+
+
+def tangent_from_polar(
+    r: Tensor, u: Tensor, xi_r: Tensor, xi_perp: Tensor, k: Curvature = 1.0
+) -> Tensor:
+    """Ambient tangent vector ``xi_r e_r + (0, xi_perp)`` with ``e_r = (sinh a, cosh a u)`` (Eq. 13)."""
+    sk = _sqrt_k(k)
+    a = r / sk
+    xi0 = xi_r * torch.sinh(a)
+    xis = (xi_r * torch.cosh(a)).unsqueeze(-1) * u + xi_perp
+    return torch.cat([xi0.expand(xis.shape[:-1]).unsqueeze(-1), xis], dim=-1)
+
+
+def tangent_to_polar(r: Tensor, u: Tensor, xi: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
+    """Polar-frame components of an ambient tangent vector, Eq. 13: ``xi_r = (u . xi_s) / cosh a``."""
+    sk = _sqrt_k(k)
+    radial = (u * xi[..., 1:]).sum(-1)
+    return radial / torch.cosh(r / sk), xi[..., 1:] - radial.unsqueeze(-1) * u

@@ -1,0 +1,642 @@
+"""Polar-form Lorentz geometry: the numerically exact core of Polar-ViT.
+
+A point of the Lorentz model ``L^n_k`` (curvature ``-1/k``, ``k > 0``) is stored in polar form as
+a pair ``(r, u)``: the geodesic radius ``r`` of shape ``(...)`` and a unit direction ``u`` of shape
+``(..., n)``.  ``a = r / sqrt(k)`` is the rescaled radius, and the ambient coordinates are
+``x = (sqrt(k) cosh a, sqrt(k) sinh a u)`` (paper Eq. 2).
+
+Every operation below is written as a sum of non-negative terms (paper Section 3.2), so that the
+large ambient quantities ``cosh a`` and ``sinh a`` never cancel against each other; the angular
+term is always the chord ``1/2 ||u - v||^2`` and never ``1 - u.v`` (Appendix D.1).  The results
+are accurate to the resolution limit of the stored points (Proposition 2) up to ``a ~ 44`` in
+float32 (``a ~ 88`` for the operations that form only one hyperbolic function of an input).
+
+Equation numbers refer to "Rethinking the Fully Hyperbolic Vision Transformer in Polar
+Coordinates" (Bdeir & Landwehr).  The ambient twins of these operations, the baseline the paper
+compares against, live in :mod:`ambient`.
+
+This module is part of the remote code of exported checkpoints: it imports only ``torch``.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator, Union
+
+import torch
+from torch import Tensor
+
+Curvature = Union[float, Tensor]
+
+__all__ = [
+    "asinh_exp",
+    "busemann_nu",
+    "centroid",
+    "chord",
+    "distance",
+    "expmap",
+    "from_ambient",
+    "gyroadd",
+    "gyrocenter",
+    "gyroneg",
+    "haversine",
+    "horoshift",
+    "input_checks",
+    "logmap",
+    "pairwise_chord",
+    "pairwise_sq_distance",
+    "project_grad",
+    "safe_normalize",
+    "set_input_checks",
+    "sq_distance",
+    "tangent_inner",
+    "to_ambient",
+    "transport",
+]
+
+_INPUT_CHECKS = {"enabled": True}
+_PAIRWISE_BLOCK_ELEMENTS = 1 << 22  # transient (block, M, n) difference tensor of pairwise_chord
+_SERIES_C = 1e-4  # below this c (Eq. 5), asinh(s)/s uses its Taylor series
+
+
+# --------------------------------------------------------------------------------------------
+# input validation
+# --------------------------------------------------------------------------------------------
+def set_input_checks(enabled: bool) -> bool:
+    """Turn the (CPU-only) non-finite input checks on or off; returns the previous setting."""
+    previous = _INPUT_CHECKS["enabled"]
+    _INPUT_CHECKS["enabled"] = bool(enabled)
+    return previous
+
+
+@contextmanager
+def input_checks(enabled: bool) -> Iterator[None]:
+    """Context manager form of :func:`set_input_checks`."""
+    previous = set_input_checks(enabled)
+    try:
+        yield
+    finally:
+        set_input_checks(previous)
+
+
+def _sqrt_k(k: Curvature) -> Curvature:
+    """Validate the curvature parameter ``k > 0`` and return ``sqrt(k)``."""
+    if isinstance(k, Tensor):
+        if k.numel() != 1:
+            raise ValueError(f"k must be a scalar, got a tensor of shape {tuple(k.shape)}")
+        if _values_checkable(k) and not (torch.isfinite(k).all() and (k > 0).all()):
+            raise ValueError(f"k must be a finite positive number (curvature -1/k), got {k.item()}")
+        return k.sqrt()
+    k = float(k)
+    if not (math.isfinite(k) and k > 0):
+        raise ValueError(f"k must be a finite positive number (curvature -1/k), got {k}")
+    return math.sqrt(k)
+
+
+def _values_checkable(t: Tensor) -> bool:
+    """Value checks are cheap only for CPU tensors outside of compilation and tracing."""
+    return (
+        _INPUT_CHECKS["enabled"]
+        and t.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+    )
+
+
+def _check_finite(**tensors: Tensor) -> None:
+    for name, t in tensors.items():
+        if isinstance(t, Tensor) and _values_checkable(t) and not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains NaN or Inf values")
+
+
+def _check_point(r: Tensor, u: Tensor, name: str) -> None:
+    """A polar point needs ``u.dim() >= 1`` and ``r.shape`` broadcastable with ``u.shape[:-1]``."""
+    if u.dim() < 1:
+        raise ValueError(f"direction u{name} must have a trailing feature axis, got a scalar")
+    try:
+        torch.broadcast_shapes(tuple(r.shape), tuple(u.shape[:-1]))
+    except RuntimeError:
+        raise ValueError(
+            f"shape mismatch: radius r{name} has shape {tuple(r.shape)} but direction u{name} has "
+            f"shape {tuple(u.shape)}; r must broadcast with u.shape[:-1]"
+        ) from None
+    _check_finite(**{f"r{name}": r, f"u{name}": u})
+
+
+def _check_same_dim(u1: Tensor, u2: Tensor, what: str = "directions") -> None:
+    if u1.shape[-1] != u2.shape[-1]:
+        raise ValueError(f"{what} live in different dimensions: {u1.shape[-1]} vs {u2.shape[-1]}")
+
+
+def _check_axis(axis: int, n: int, name: str) -> None:
+    if not (0 <= int(axis) < n):
+        raise ValueError(f"{name}={axis} is not a space axis of a point with n={n} space coordinates")
+
+
+# --------------------------------------------------------------------------------------------
+# scalar helpers
+# --------------------------------------------------------------------------------------------
+def asinh_exp(log_value: Tensor) -> Tensor:
+    """``arsinh(exp(l))`` without overflow: ``l + ln(1 + sqrt(1 + e^{-2l}))`` for ``l > 0``.
+
+    This is how every log-domain radius is turned into a radius (Eq. 8, Eq. 22).
+    """
+    pos = log_value.clamp_min(0.0)
+    neg = log_value.clamp_max(0.0)
+    large = pos + torch.log1p(torch.sqrt(1.0 + torch.exp(-2.0 * pos)))
+    small = torch.asinh(torch.exp(neg))
+    return torch.where(log_value > 0, large, small)
+
+
+def _asinhc_half(c: Tensor) -> Tensor:
+    """``asinh(s) / s`` with ``s = sqrt(c / 2)``, smooth in ``c`` down to ``c = 0``."""
+    small = c < _SERIES_C
+    c_safe = torch.where(small, torch.ones_like(c), c)
+    s = torch.sqrt(0.5 * c_safe)
+    exact = torch.asinh(s) / s
+    s2 = 0.5 * c
+    series = 1.0 - s2 / 6.0 + 0.075 * s2 * s2
+    return torch.where(small, series, exact)
+
+
+def _sq_dist_from_c(c: Tensor, k: Curvature) -> Tensor:
+    """``d^2 = k (2 asinh(sqrt(c/2)))^2 = 2 k c (asinh(s)/s)^2`` (Eq. 5 with ``cosh D - 1 = c``)."""
+    return (2.0 * k) * c * _asinhc_half(c).square()
+
+
+def _dist_from_c(c: Tensor, sqrt_k: Curvature) -> Tensor:
+    """``d = 2 sqrt(k) asinh(sqrt(c/2))``; zero gradient (a subgradient) at ``c = 0``."""
+    positive = c > 0
+    c_safe = torch.where(positive, c, torch.ones_like(c))
+    d = 2.0 * sqrt_k * torch.asinh(torch.sqrt(0.5 * c_safe))
+    return torch.where(positive, d, torch.zeros_like(d))
+
+
+def safe_normalize(v: Tensor) -> Tensor:
+    """``v / ||v||`` along the last axis; a zero vector maps to ``e_0`` with a finite gradient."""
+    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    nonzero = norm > 0
+    unit = v / torch.where(nonzero, norm, torch.ones_like(norm))
+    fallback = torch.zeros_like(v)
+    fallback[..., 0] = 1.0
+    return torch.where(nonzero, unit, fallback)
+
+
+def _safe_norm(v: Tensor) -> Tensor:
+    """``||v||`` with a zero (sub)gradient at ``v = 0``."""
+    sq = v.square().sum(-1)
+    positive = sq > 0
+    return torch.where(positive, torch.sqrt(torch.where(positive, sq, torch.ones_like(sq))), sq)
+
+
+def _perp(v: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Stable ``v - (v.u) u`` for unit ``u``, ``v``.
+
+    With ``s = sign(u.v)``: ``v - (v.u) u = (v - s u) + s (1/2 ||v - s u||^2) u``, so both for
+    nearly aligned and nearly opposite directions only the small difference ``v - s u`` is formed.
+    Returns ``(v_perp, s, h)`` with ``h = 1/2 ||v - s u||^2 = 1 - s (u.v)``.
+    """
+    s = torch.where((u * v).sum(-1) >= 0, 1.0, -1.0).to(v.dtype).detach()
+    d = v - s.unsqueeze(-1) * u
+    h = 0.5 * d.square().sum(-1)
+    return d + (s * h).unsqueeze(-1) * u, s, h
+
+
+# --------------------------------------------------------------------------------------------
+# coordinates
+# --------------------------------------------------------------------------------------------
+def to_ambient(r: Tensor, u: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Polar to ambient coordinates, Eq. 2: ``x = (sqrt(k) cosh a, sqrt(k) sinh a u)``.
+
+    Shapes: ``r (...)``, ``u (..., n)`` -> ``x (..., n+1)``.
+    """
+    sk = _sqrt_k(k)
+    _check_point(r, u, "")
+    a = r / sk
+    xs = (sk * torch.sinh(a)).unsqueeze(-1) * u
+    x0 = (sk * torch.cosh(a)).expand(xs.shape[:-1])
+    return torch.cat([x0.unsqueeze(-1), xs], dim=-1)
+
+
+def from_ambient(x: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
+    """Ambient to polar coordinates (below Eq. 2): ``r = sqrt(k) arsinh(||x_s|| / sqrt(k))``.
+
+    Only the space part ``x_s = x[..., 1:]`` is read, so the time coordinate's rounding error
+    never enters; ``u = x_s / ||x_s||`` (``e_0`` at the origin).  ``x (..., n+1)`` ->
+    ``(r (...), u (..., n))``.
+    """
+    sk = _sqrt_k(k)
+    if x.dim() < 1 or x.shape[-1] < 2:
+        raise ValueError(f"ambient points need at least 2 coordinates, got shape {tuple(x.shape)}")
+    _check_finite(x=x)
+    xs = x[..., 1:]
+    return sk * torch.asinh(_safe_norm(xs) / sk), safe_normalize(xs)
+
+
+# --------------------------------------------------------------------------------------------
+# distances
+# --------------------------------------------------------------------------------------------
+def chord(u: Tensor, v: Tensor) -> Tensor:
+    """Elementwise chord ``1/2 ||u - v||^2 = 1 - cos(theta)`` for unit vectors (Appendix B)."""
+    return 0.5 * (u - v).square().sum(-1)
+
+
+class _PairwiseChord(torch.autograd.Function):
+    """``C[..., i, j] = 1/2 ||u_i - v_j||^2`` with the closed-form backward of Eq. 25.
+
+    The forward pass forms the exact differences ``u_i - v_j`` block by block (never
+    ``1 - u.v``) and keeps none of them; the backward pass is
+
+        dJ/du_i = (u_i - vbar) sum_j g_ij - sum_j g_ij (v_j - vbar)
+        dJ/dv_j = (v_j - vbar) sum_i g_ij - sum_i g_ij (u_i - vbar)
+
+    centred on the mean key direction ``vbar`` (Eq. 25): one row sum and one matrix product, and
+    no tensor with ``N * M * n`` elements is saved.
+    """
+
+    @staticmethod
+    def forward(ctx, u: Tensor, v: Tensor) -> Tensor:  # noqa: D102
+        batch = torch.broadcast_shapes(u.shape[:-2], v.shape[:-2])
+        ue = u.expand(*batch, *u.shape[-2:])
+        ve = v.expand(*batch, *v.shape[-2:])
+        n_rows, n_cols, dim = ue.shape[-2], ve.shape[-2], ue.shape[-1]
+        per_row = max(1, n_cols * dim * math.prod(batch))
+        block = max(1, _PAIRWISE_BLOCK_ELEMENTS // per_row)
+        out = ue.new_empty(*batch, n_rows, n_cols)
+        for start in range(0, n_rows, block):
+            diff = ue[..., start : start + block, None, :] - ve[..., None, :, :]
+            out[..., start : start + block, :] = 0.5 * diff.square().sum(-1)
+        ctx.save_for_backward(u, v)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102
+        u, v = ctx.saved_tensors
+        vbar = v.mean(dim=-2, keepdim=True)
+        p, q = u - vbar, v - vbar
+        grad_u = p * grad.sum(-1, keepdim=True) - grad @ q
+        grad_v = q * grad.sum(-2).unsqueeze(-1) - grad.transpose(-1, -2) @ p
+        return _sum_to_shape(grad_u, u.shape), _sum_to_shape(grad_v, v.shape)
+
+
+def _sum_to_shape(t: Tensor, shape: torch.Size) -> Tensor:
+    """Reduce a broadcast gradient back to ``shape``."""
+    if t.shape == shape:
+        return t
+    lead = t.dim() - len(shape)
+    t = t.sum(dim=tuple(range(lead))) if lead > 0 else t
+    dims = tuple(i for i, s in enumerate(shape) if s == 1 and t.shape[i] != 1)
+    return t.sum(dim=dims, keepdim=True) if dims else t
+
+
+def pairwise_chord(u: Tensor, v: Tensor) -> Tensor:
+    """Pairwise chords ``1/2 ||u_i - v_j||^2``: ``u (..., N, n)``, ``v (..., M, n)`` -> ``(..., N, M)``.
+
+    Exact difference form in the forward pass, closed-form centred gradient (Eq. 25) in the
+    backward pass; nothing of size ``N * M * n`` is kept for backward.
+    """
+    if u.dim() < 2 or v.dim() < 2:
+        raise ValueError("pairwise_chord needs directions of shape (..., N, n) and (..., M, n)")
+    _check_same_dim(u, v)
+    return _PairwiseChord.apply(u, v)
+
+
+def haversine(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Hyperbolic law of haversines, Eq. 5: ``c = cosh(d/sqrt(k)) - 1``.
+
+    ``c = 2 sinh^2((a - b)/2) + sinh a sinh b * 1/2 ||u - v||^2``, a sum of non-negative terms.
+    """
+    sk = _sqrt_k(k)
+    _check_point(r1, u1, "1")
+    _check_point(r2, u2, "2")
+    _check_same_dim(u1, u2)
+    a, b = r1 / sk, r2 / sk
+    return 2.0 * torch.sinh(0.5 * (a - b)).square() + torch.sinh(a) * torch.sinh(b) * chord(u1, u2)
+
+
+def sq_distance(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Squared geodesic distance, Eq. 5: ``d^2 = k arcosh(1 + c)^2`` with ``c`` from the haversine law.
+
+    Elementwise with broadcasting; smooth everywhere, including for coincident points and at
+    ``r = 0``.
+    """
+    return _sq_dist_from_c(haversine(r1, u1, r2, u2, k), k)
+
+
+def distance(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Geodesic distance, Eq. 1 via Eq. 5: ``d = 2 sqrt(k) arsinh(sqrt(c / 2))``."""
+    return _dist_from_c(haversine(r1, u1, r2, u2, k), _sqrt_k(k))
+
+
+def pairwise_sq_distance(
+    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, k: Curvature = 1.0
+) -> Tensor:
+    """All squared distances between queries and keys, Eq. 5 with the chord gradient of Eq. 25.
+
+    Shapes: ``rq (..., Nq)``, ``uq (..., Nq, n)``, ``rk (..., Nk)``, ``uk (..., Nk, n)`` ->
+    ``(..., Nq, Nk)``.  The backward pass keeps no ``(Nq, Nk, n)`` tensor.
+    """
+    sk = _sqrt_k(k)
+    _check_point(rq, uq, "q")
+    _check_point(rk, uk, "k")
+    if uq.dim() < 2 or uk.dim() < 2:
+        raise ValueError("pairwise_sq_distance needs uq (..., Nq, n) and uk (..., Nk, n)")
+    a = (rq / sk).unsqueeze(-1)
+    b = (rk / sk).unsqueeze(-2)
+    c = 2.0 * torch.sinh(0.5 * (a - b)).square() + torch.sinh(a) * torch.sinh(b) * pairwise_chord(uq, uk)
+    return _sq_dist_from_c(c, k)
+
+
+# --------------------------------------------------------------------------------------------
+# centroid
+# --------------------------------------------------------------------------------------------
+def centroid(r: Tensor, u: Tensor, weights: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
+    """Weighted Lorentz centroid (Eq. 4) in polar form, Eq. 6, 7 and the log-domain radius Eq. 22.
+
+    With ``T = sum w cosh a``, ``V = sum w sinh a u``, ``u_hat = V/||V||``, ``E = sum w e^{-a}`` and
+    ``S = sum w sinh a * 1/2 ||u - u_hat||^2`` (so that ``T - ||V|| = E + S``, Eq. 6):
+
+        ln sinh a_mu = ln ||V|| - 1/2 ln(E + S) - 1/2 ln(T + ||V||)          (Eq. 22)
+
+    and the direction is ``u_hat``.  Shapes: ``r (..., M)``, ``u (..., M, n)``,
+    ``weights (..., N, M)`` (non-negative, need not be normalised) -> ``(..., N)``, ``(..., N, n)``.
+    A row of all-zero weights (or a weighted sum with ``V = 0``) returns the origin with finite
+    (zero) gradients.  ``S`` is stationary in ``u_hat``, so the rounding of ``u_hat`` enters it only
+    to second order.
+    """
+    sk = _sqrt_k(k)
+    _check_point(r, u, "")
+    if u.dim() < 2 or weights.dim() < 2 or r.dim() < 1:
+        raise ValueError("centroid needs r (..., M), u (..., M, n) and weights (..., N, M)")
+    if weights.shape[-1] != u.shape[-2] or r.shape[-1] != u.shape[-2]:
+        raise ValueError(
+            f"shape mismatch: weights {tuple(weights.shape)} must end with M={u.shape[-2]} "
+            f"points as r {tuple(r.shape)} and u {tuple(u.shape)} do"
+        )
+    _check_finite(weights=weights)
+    a = r / sk
+    empty_row = weights.sum(-1) <= 0
+    w = torch.where(empty_row.unsqueeze(-1), torch.ones_like(weights), weights)
+    sh = torch.sinh(a)
+    w_sinh = w * sh.unsqueeze(-2)  # (..., N, M)
+    big_t = (w * torch.cosh(a).unsqueeze(-2)).sum(-1)
+    big_e = (w * torch.exp(-a).unsqueeze(-2)).sum(-1)
+    big_v = w_sinh @ u  # (..., N, n)
+    v_norm = _safe_norm(big_v)
+    u_hat = safe_normalize(big_v)
+    big_s = (w_sinh * pairwise_chord(u_hat, u)).sum(-1)
+    degenerate = empty_row | (v_norm <= 0)
+    v_safe = torch.where(degenerate, torch.ones_like(v_norm), v_norm)
+    log_sinh = torch.log(v_safe) - 0.5 * torch.log(big_e + big_s) - 0.5 * torch.log(big_t + v_norm)
+    a_mu = torch.where(degenerate, torch.zeros_like(log_sinh), asinh_exp(log_sinh))
+    return sk * a_mu, u_hat
+
+
+# --------------------------------------------------------------------------------------------
+# gyrovector operations
+# --------------------------------------------------------------------------------------------
+def gyroneg(r: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Gyro inverse ``(-)x = (r, -u)``."""
+    return r, -u
+
+
+def gyroadd(
+    r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Gyroaddition ``x (+) y``, the boost that carries the origin to ``x`` applied to ``y`` (Eq. 20).
+
+    In polar form, with ``x = (a, u)``, ``y = (b, v)`` and ``cos = u.v``, the space part divided by
+    ``sqrt(k)`` is ``z = z_par u + sinh b (v - (v.u) u)`` with
+
+        z_par = sinh a cosh b + cosh a sinh b cos                    (cos >= 0, all terms >= 0)
+        z_par = sinh(a - b) + cosh a sinh b * 1/2 ||u + v||^2        (cos <  0, Eq. 21)
+
+    so the cancellation of Eq. 20 for opposite directions (e.g. the centring ``(-)xbar (+) x``)
+    is never formed.  Returns ``(sqrt(k) arsinh ||z||, z / ||z||)``.
+    """
+    sk = _sqrt_k(k)
+    _check_point(r1, u1, "1")
+    _check_point(r2, u2, "2")
+    _check_same_dim(u1, u2)
+    a, b = r1 / sk, r2 / sk
+    v_perp, sign, half_gap = _perp(u2, u1)  # half_gap = 1 - sign * cos
+    sinh_a, cosh_a, sinh_b = torch.sinh(a), torch.cosh(a), torch.sinh(b)
+    aligned = sinh_a * torch.cosh(b) + cosh_a * sinh_b * (1.0 - half_gap)
+    opposite = torch.sinh(a - b) + cosh_a * sinh_b * half_gap
+    z_par = torch.where(sign > 0, aligned, opposite)
+    z = z_par.unsqueeze(-1) * u1 + sinh_b.unsqueeze(-1) * v_perp
+    return sk * torch.asinh(_safe_norm(z)), safe_normalize(z)
+
+
+def gyrocenter(
+    r_center: Tensor, u_center: Tensor, r: Tensor, u: Tensor, k: Curvature = 1.0
+) -> tuple[Tensor, Tensor]:
+    """The centring ``((-)xbar) (+) x`` of gyro normalisation (Sec. 4.4), accurate via Eq. 21."""
+    return gyroadd(r_center, -u_center, r, u, k)
+
+
+# --------------------------------------------------------------------------------------------
+# tangent vectors in the polar frame (Appendix B.1-B.5)
+# --------------------------------------------------------------------------------------------
+def tangent_inner(xi_r: Tensor, xi_perp: Tensor, zeta_r: Tensor, zeta_perp: Tensor) -> Tensor:
+    """Lorentzian inner product of two tangent vectors at the same point, Eq. 14.
+
+    In the polar frame ``xi = xi_r e_r + (0, xi_perp)`` it is the plain sum
+    ``xi_r zeta_r + xi_perp . zeta_perp`` (a sum of squares for ``xi = zeta``).
+    """
+    _check_same_dim(xi_perp, zeta_perp, "perpendicular components")
+    return xi_r * zeta_r + (xi_perp * zeta_perp).sum(-1)
+
+
+def project_grad(
+    r: Tensor, u: Tensor, grad_time: Tensor, grad_space: Tensor, k: Curvature = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Riemannian gradient in the polar frame from a Euclidean ambient gradient, Eq. 15.
+
+    ``xi_r = g_0 sinh a + (g_s . u) cosh a`` and ``xi_perp = g_s - (g_s . u) u``: no division and
+    no difference of large terms.  ``grad_time`` has shape ``(...)`` (use zeros when the loss reads
+    only space coordinates, as every polar operation does), ``grad_space (..., n)``.
+    """
+    sk = _sqrt_k(k)
+    _check_point(r, u, "")
+    _check_same_dim(u, grad_space, "u and grad_space")
+    a = r / sk
+    radial = (grad_space * u).sum(-1)
+    xi_r = grad_time * torch.sinh(a) + radial * torch.cosh(a)
+    return xi_r, grad_space - radial.unsqueeze(-1) * u
+
+
+def _cosh_sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor]:
+    """``cosh(w)`` and ``sinh(w)/w`` as smooth functions of ``w^2`` (even in ``w``)."""
+    small = omega_sq < 1e-8
+    w = torch.sqrt(torch.where(small, torch.ones_like(omega_sq), omega_sq))
+    cosh = torch.where(small, 1.0 + 0.5 * omega_sq, torch.cosh(w))
+    sinhc = torch.where(small, 1.0 + omega_sq / 6.0, torch.sinh(w) / w)
+    return cosh, sinhc
+
+
+def expmap(
+    r: Tensor, u: Tensor, xi_r: Tensor, xi_perp: Tensor, k: Curvature = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Exponential map ``exp_x(xi)`` in the polar frame, Eq. 16-18.
+
+    With ``w_r = xi_r / sqrt(k)``, ``w^2 = w_r^2 + ||xi_perp||^2 / k`` and ``chi = tanh a``:
+
+        x0~ = cosh w + sinhc(w) w_r chi
+        x~  = (cosh w chi + sinhc(w) w_r) u + sinhc(w) xi_perp / (sqrt(k) cosh a)      (Eq. 16)
+        a'  = a + ln(x0~ + ||x~||) - ln(1 + chi)                                      (Eq. 17)
+
+    and for inward steps (``w_r < 0``) the cancelling terms are rewritten with
+    ``psi = ||xi_perp||^2 / (k w (w + |w_r|))`` and ``1 - chi = 2 / (e^{2a} + 1)`` (Eq. 18):
+    ``x0~ = e^{-w} + sinh w [(1 - chi) + chi psi]``, radial coefficient
+    ``chi e^{-w} + sinh w [psi - (1 - chi)]``.  The map is even in ``w``, so its gradient is finite
+    at ``xi = 0``.
+    """
+    sk = _sqrt_k(k)
+    _check_point(r, u, "")
+    _check_same_dim(u, xi_perp, "u and xi_perp")
+    _check_finite(xi_r=xi_r, xi_perp=xi_perp)
+    a = r / sk
+    chi = torch.tanh(a)
+    w_r = xi_r / sk
+    perp_sq = xi_perp.square().sum(-1) / sk**2
+    omega_sq = w_r.square() + perp_sq
+    cosh_w, sinhc_w = _cosh_sinhc_sq(omega_sq)
+    # outward or tangential step (Eq. 16): every term is non-negative
+    x0_out = cosh_w + sinhc_w * w_r * chi
+    radial_out = cosh_w * chi + sinhc_w * w_r
+    # inward step (Eq. 18): w >= |w_r| > 0 on this branch
+    inward = w_r < 0
+    omega = torch.sqrt(torch.where(inward, omega_sq, torch.ones_like(omega_sq)))
+    abs_wr = torch.where(inward, -w_r, torch.ones_like(w_r))
+    psi = perp_sq / (omega * (omega + abs_wr))
+    one_minus_chi = 2.0 / (torch.exp(2.0 * a) + 1.0)
+    e_minus, sinh_w = torch.exp(-omega), torch.sinh(omega)
+    x0_in = e_minus + sinh_w * (one_minus_chi + chi * psi)
+    radial_in = chi * e_minus + sinh_w * (psi - one_minus_chi)
+    x0 = torch.where(inward, x0_in, x0_out)
+    radial = torch.where(inward, radial_in, radial_out)
+    x_tilde = radial.unsqueeze(-1) * u + (sinhc_w / (sk * torch.cosh(a))).unsqueeze(-1) * xi_perp
+    a_new = a + torch.log(x0 + _safe_norm(x_tilde)) - torch.log1p(chi)
+    return sk * a_new.clamp_min(0.0), safe_normalize(x_tilde)
+
+
+def logmap(
+    r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Logarithmic map ``log_x(y)`` in the polar frame at ``x = (r1, u1)``, Eq. 19.
+
+    With ``D = d(x, y)/sqrt(k)`` and ``c = cosh D - 1`` from Eq. 5:
+
+        xi_r    = -sqrt(k) D/sinh D [sinh(a - b) + cosh a sinh b * 1/2 ||u - v||^2]
+        xi_perp =  sqrt(k) D/sinh D  sinh b (v - (v.u) u)
+
+    ``D / sinh D`` is evaluated as a smooth function of ``c`` (it is 1 at ``c = 0``).
+    """
+    sk = _sqrt_k(k)
+    c = haversine(r1, u1, r2, u2, k)
+    a, b = r1 / sk, r2 / sk
+    # D / sinh D = asinhc(s) / sqrt(1 + s^2) with s = sinh(D/2) = sqrt(c/2)
+    ratio = sk * _asinhc_half(c) / torch.sqrt(1.0 + 0.5 * c)
+    sinh_b = torch.sinh(b)
+    radial = torch.sinh(a - b) + torch.cosh(a) * sinh_b * chord(u1, u2)
+    v_perp, _, _ = _perp(u2, u1)
+    return -ratio * radial, (ratio * sinh_b).unsqueeze(-1) * v_perp
+
+
+def transport(
+    r1: Tensor,
+    u1: Tensor,
+    r2: Tensor,
+    u2: Tensor,
+    xi_r: Tensor,
+    xi_perp: Tensor,
+    k: Curvature = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Parallel transport of ``xi`` from ``x = (r1, u1)`` to ``y = (r2, u2)`` along the geodesic (B.5).
+
+    ``P(xi) = xi + lam (x + y)`` with ``lam = <y, xi>_L / (k - <x, y>_L)``.  In the polar frame,
+    ``<y, xi>_L / sqrt(k) = -xi_r P + sinh b (v . xi_perp)`` where
+    ``P = sinh(a - b) + cosh a sinh b * 1/2 ||u - v||^2`` (the radial term of Eq. 19) and
+    ``k - <x, y>_L = k (2 + c)`` with ``c`` from Eq. 5.  The result is returned in the frame at
+    ``y`` (Eq. 13): ``zeta_r = (v . zeta_s) / cosh b``, ``zeta_perp = zeta_s - (v . zeta_s) v``
+    with ``zeta_s = (xi_r cosh a + lam' sinh a) u + xi_perp + lam' sinh b v`` and
+    ``lam' = lam / sqrt(k)``.
+    """
+    sk = _sqrt_k(k)
+    _check_same_dim(u1, xi_perp, "u1 and xi_perp")
+    c = haversine(r1, u1, r2, u2, k)
+    a, b = r1 / sk, r2 / sk
+    sinh_a, cosh_a, sinh_b = torch.sinh(a), torch.cosh(a), torch.sinh(b)
+    radial_gap = torch.sinh(a - b) + cosh_a * sinh_b * chord(u1, u2)
+    v_dot_xi = (u2 * xi_perp).sum(-1)
+    lam = (-xi_r * radial_gap + sinh_b * v_dot_xi) / (2.0 + c)
+    along_u = xi_r * cosh_a + lam * sinh_a  # coefficient of u in zeta_s
+    u_perp_v, _, _ = _perp(u1, u2)  # u - (u.v) v, stable
+    cos = (u1 * u2).sum(-1)
+    zeta_r = (along_u * cos + v_dot_xi + lam * sinh_b) / torch.cosh(b)
+    xi_perp_v = xi_perp - v_dot_xi.unsqueeze(-1) * u2
+    return zeta_r, along_u.unsqueeze(-1) * u_perp_v + xi_perp_v
+
+
+# --------------------------------------------------------------------------------------------
+# horospherical shift (Eq. 10, 11; Appendix C)
+# --------------------------------------------------------------------------------------------
+def _axis_mask(n: int, axis: int, like: Tensor) -> Tensor:
+    mask = torch.ones(n, dtype=like.dtype, device=like.device)
+    mask[axis] = 0.0
+    return mask
+
+
+def busemann_nu(r: Tensor, u: Tensor, ideal_axis: int, k: Curvature = 1.0) -> Tensor:
+    """Busemann coordinate ``nu = x_0 - x_1`` towards the ideal point ``e_0 + e_1`` (Eq. 10).
+
+    Polar form (Sec. 4.3): ``nu = sqrt(k) (e^{-a} + sinh a (1 - u_1))`` with
+    ``1 - u_1 = ||u_rest||^2 / (1 + u_1)`` for ``u_1 >= 0``, a sum of non-negative terms.
+    ``ideal_axis`` indexes the space coordinates (0-based); ``-ln(nu / sqrt(k))`` is the Busemann
+    function (Appendix C.1).
+    """
+    sk = _sqrt_k(k)
+    _check_point(r, u, "")
+    _check_axis(ideal_axis, u.shape[-1], "ideal_axis")
+    a = r / sk
+    u1 = u[..., ideal_axis]
+    rest_sq = (u * _axis_mask(u.shape[-1], ideal_axis, u)).square().sum(-1)
+    one_minus_u1 = torch.where(u1 >= 0, rest_sq / (1.0 + u1.abs()), 1.0 - u1)
+    return sk * (torch.exp(-a) + torch.sinh(a) * one_minus_u1)
+
+
+def horoshift(
+    r: Tensor,
+    u: Tensor,
+    t: Tensor | float,
+    ideal_axis: int,
+    shift_axis: int,
+    k: Curvature = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Horospherical shift ``Phi(t)`` (Eq. 10, closed form Eq. 23) in polar form.
+
+    Ambient form: ``x_2 += t nu``, ``x_0 += t x_2 + t^2 nu / 2``, ``x_1 += t x_2 + t^2 nu / 2`` with
+    ``nu = x_0 - x_1`` invariant.  Here the shifted point is formed from sums of non-negative
+    terms: the coordinates other than ``x_1`` are ``x_rest`` with ``x_2 + t nu``; ``nu`` is kept, and
+    ``(x_0 + x_1) nu = k + ||x_rest||^2`` gives ``x_1 = ((k + ||x_rest||^2) / nu - nu) / 2``.  The
+    radius is ``sqrt(k) arsinh(||x_s|| / sqrt(k))``.  ``ideal_axis`` (``e_1``) and ``shift_axis``
+    (``e_2``) index the space coordinates, 0-based.  Distance law: Eq. 11.
+    """
+    sk = _sqrt_k(k)
+    n = u.shape[-1]
+    _check_axis(shift_axis, n, "shift_axis")
+    if ideal_axis == shift_axis:
+        raise ValueError("ideal_axis and shift_axis must be different space axes")
+    nu = busemann_nu(r, u, ideal_axis, k)
+    t = torch.as_tensor(t, dtype=r.dtype, device=r.device)
+    xs = (sk * torch.sinh(r / sk)).unsqueeze(-1) * u
+    shift = torch.zeros(n, dtype=u.dtype, device=u.device)
+    shift[shift_axis] = 1.0
+    rest = xs * _axis_mask(n, ideal_axis, u) + (t * nu).unsqueeze(-1) * shift
+    x1 = 0.5 * ((k + rest.square().sum(-1)) / nu - nu)
+    e1 = torch.zeros(n, dtype=u.dtype, device=u.device)
+    e1[ideal_axis] = 1.0
+    xs_new = rest + x1.unsqueeze(-1) * e1
+    return sk * torch.asinh(_safe_norm(xs_new) / sk), safe_normalize(xs_new)
