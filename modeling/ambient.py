@@ -18,8 +18,10 @@ from torch import Tensor
 from .geometry import Curvature, _check_axis, _sqrt_k
 
 __all__ = [
+    "boost",
     "busemann_nu",
     "centroid",
+    "direct_concat",
     "distance",
     "expmap",
     "from_space",
@@ -29,6 +31,7 @@ __all__ = [
     "logmap",
     "pairwise_sq_distance",
     "project_grad",
+    "rotate",
     "sq_distance",
     "tangent_from_polar",
     "tangent_to_polar",
@@ -190,3 +193,33 @@ def tangent_to_polar(r: Tensor, u: Tensor, xi: Tensor, k: Curvature = 1.0) -> tu
     sk = _sqrt_k(k)
     radial = (u * xi[..., 1:]).sum(-1)
     return radial / torch.cosh(r / sk), xi[..., 1:] - radial.unsqueeze(-1) * u
+
+
+def boost(x: Tensor, t: Tensor | float, axis: int, k: Curvature = 1.0) -> Tensor:
+    """Lorentz boost of rapidity ``t`` along space axis ``axis``: ``(x_0, x_i)`` mixed by ``cosh t, sinh t``."""
+    _sqrt_k(k)
+    _check_axis(axis, x.shape[-1] - 1, "axis")
+    t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+    x0, xi = x[..., 0], x[..., 1 + axis]
+    out = x.clone()
+    out[..., 0] = torch.cosh(t) * x0 + torch.sinh(t) * xi
+    out[..., 1 + axis] = torch.sinh(t) * x0 + torch.cosh(t) * xi
+    return out
+
+
+def rotate(x: Tensor, t: Tensor | float, axis_a: int, axis_b: int) -> Tensor:
+    """Rotation by ``t`` in the plane of space axes ``(axis_a, axis_b)``; the time coordinate is kept."""
+    _check_axis(axis_a, x.shape[-1] - 1, "axis_a")
+    _check_axis(axis_b, x.shape[-1] - 1, "axis_b")
+    t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+    ia, ib = 1 + axis_a, 1 + axis_b
+    xa, xb = x[..., ia], x[..., ib]
+    out = x.clone()
+    out[..., ia] = torch.cos(t) * xa - torch.sin(t) * xb
+    out[..., ib] = torch.sin(t) * xa + torch.cos(t) * xb
+    return out
+
+
+def direct_concat(x: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)``: concatenate space parts, recompute time."""
+    return from_space(x[..., 1:].flatten(-2), k)

@@ -31,13 +31,17 @@ Curvature = Union[float, Tensor]
 
 __all__ = [
     "asinh_exp",
+    "boost",
     "busemann_nu",
     "centroid",
     "chord",
     "distance",
+    "direct_concat",
     "expmap",
     "from_ambient",
+    "from_space",
     "gyroadd",
+    "gyroadd_space",
     "gyrocenter",
     "gyroneg",
     "haversine",
@@ -47,8 +51,10 @@ __all__ = [
     "pairwise_chord",
     "pairwise_sq_distance",
     "project_grad",
+    "rotate",
     "safe_normalize",
     "set_input_checks",
+    "space",
     "sq_distance",
     "tangent_inner",
     "to_ambient",
@@ -232,6 +238,44 @@ def from_ambient(x: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
     _check_finite(x=x)
     xs = x[..., 1:]
     return sk * torch.asinh(_safe_norm(xs) / sk), safe_normalize(xs)
+
+
+def from_space(xs: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
+    """Polar form of the point with space coordinates ``x_s`` (time from ``<x, x>_L = -k``).
+
+    ``r = sqrt(k) arsinh(||x_s|| / sqrt(k))``, ``u = x_s / ||x_s||``.  Manifold-valued parameters are
+    stored as space coordinates: a plain tensor that survives ``from_pretrained`` and stores the
+    radius and the direction to relative precision at every radius.
+    """
+    sk = _sqrt_k(k)
+    return sk * torch.asinh(_safe_norm(xs) / sk), safe_normalize(xs)
+
+
+def space(r: Tensor, u: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Space coordinates ``x_s = sqrt(k) sinh(a) u`` of a polar point (Eq. 2)."""
+    sk = _sqrt_k(k)
+    return (sk * torch.sinh(r / sk)).unsqueeze(-1) * u
+
+
+def direct_concat(r: Tensor, u: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
+    """Lorentz direct concatenation of ``H`` points of ``L^d`` into one point of ``L^{H d}`` (Sec. 4.2).
+
+    The space parts are concatenated and the time coordinate follows from the constraint, so
+    ``sinh a = sqrt(sum_h sinh^2 a_h)`` and ``u = concat_h(sinh a_h u_h) / sinh a``; evaluated with the
+    largest radius factored out so nothing overflows.  ``r (..., H)``, ``u (..., H, d)`` ->
+    ``(..., )``, ``(..., H d)``.
+    """
+    sk = _sqrt_k(k)
+    a = r / sk
+    top = a.amax(-1, keepdim=True).detach()
+    # sinh(a_h) e^{-top} = (e^{a_h - top} - e^{-a_h - top}) / 2, all factors <= 1
+    scaled = 0.5 * (torch.exp(a - top) - torch.exp(-a - top))
+    parts = (scaled.unsqueeze(-1) * u).flatten(-2)
+    norm = _safe_norm(parts)
+    positive = norm > 0
+    log_sinh = top.squeeze(-1) + torch.log(torch.where(positive, norm, torch.ones_like(norm)))
+    radius = torch.where(positive, asinh_exp(log_sinh), torch.zeros_like(norm))
+    return sk * radius, safe_normalize(parts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,6 +478,29 @@ def gyrocenter(
 ) -> tuple[Tensor, Tensor]:
     """The centring ``((-)xbar) (+) x`` of gyro normalisation (Sec. 4.4), accurate via Eq. 21."""
     return gyroadd(r_center, -u_center, r, u, k)
+
+
+def gyroadd_space(xs: Tensor, r: Tensor, u: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
+    """``x (+) y`` with ``x`` given by its space coordinates, smooth at ``x = o`` (Eq. 20, 21).
+
+    Used for learned bias points (initialised at the origin).  For ``||x_s|| <= sqrt(k)`` Eq. 20
+    is evaluated directly, ``z / sqrt(k) = sinh b v + [(X.v) sinh b / (sqrt(1 + |X|^2) + 1) + cosh b] X``
+    with ``X = x_s / sqrt(k)``: the two terms of the bracket cannot cancel there (the first is at
+    most half the second), and its Jacobian at ``x = o`` is ``cosh b`` (Sec. B.6).  Beyond, the
+    polar :func:`gyroadd` (Eq. 21) is used.
+    """
+    sk = _sqrt_k(k)
+    big_x = xs / sk
+    x_sq = big_x.square().sum(-1)
+    near = x_sq <= 1.0
+    b = r / sk
+    sinh_b = torch.sinh(b)
+    coef = (big_x * u).sum(-1) * sinh_b / (torch.sqrt(1.0 + x_sq) + 1.0) + torch.cosh(b)
+    z = sinh_b.unsqueeze(-1) * u + coef.unsqueeze(-1) * big_x
+    r_near, u_near = sk * torch.asinh(_safe_norm(z)), safe_normalize(z)
+    far_x = torch.where(near.unsqueeze(-1), torch.ones_like(big_x), big_x)
+    r_far, u_far = gyroadd(*from_space(far_x * sk, k), r, u, k)
+    return torch.where(near, r_near, r_far), torch.where(near.unsqueeze(-1), u_near, u_far)
 
 
 # --------------------------------------------------------------------------------------------
@@ -640,3 +707,45 @@ def horoshift(
     e1[ideal_axis] = 1.0
     xs_new = rest + x1.unsqueeze(-1) * e1
     return sk * torch.asinh(_safe_norm(xs_new) / sk), safe_normalize(xs_new)
+
+
+# --------------------------------------------------------------------------------------------
+# the other one-parameter subgroups used as positional encodings (Sec. 4.3)
+# --------------------------------------------------------------------------------------------
+def boost(r: Tensor, u: Tensor, t: Tensor | float, axis: int, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
+    """Lorentz boost of rapidity ``t`` along space axis ``axis`` (HoPE on Lorentz points, Sec. 4.3).
+
+    ``x_0 -> cosh t x_0 + sinh t x_i``, ``x_i -> sinh t x_0 + cosh t x_i``; in polar form only the
+    space coordinate ``x_i / sqrt(k) = sinh t cosh a + cosh t sinh a u_i`` changes and the radius is
+    read from the space part.
+    """
+    sk = _sqrt_k(k)
+    _check_point(r, u, "")
+    _check_axis(axis, u.shape[-1], "axis")
+    t = torch.as_tensor(t, dtype=r.dtype, device=r.device)
+    a = r / sk
+    xs = torch.sinh(a).unsqueeze(-1) * u
+    new_i = torch.sinh(t) * torch.cosh(a) + torch.cosh(t) * xs[..., axis]
+    e_i = torch.zeros(u.shape[-1], dtype=u.dtype, device=u.device)
+    e_i[axis] = 1.0
+    xs = xs * (1.0 - e_i) + new_i.unsqueeze(-1) * e_i
+    return sk * torch.asinh(_safe_norm(xs)), safe_normalize(xs)
+
+
+def rotate(r: Tensor, u: Tensor, t: Tensor | float, axis_a: int, axis_b: int) -> tuple[Tensor, Tensor]:
+    """Rotation by angle ``t`` in the plane of space axes ``(axis_a, axis_b)`` (HOPE / HELM, Sec. 4.3).
+
+    Rotations act on the direction only; the radius is unchanged (exact in polar form).
+    """
+    _check_point(r, u, "")
+    _check_axis(axis_a, u.shape[-1], "axis_a")
+    _check_axis(axis_b, u.shape[-1], "axis_b")
+    t = torch.as_tensor(t, dtype=u.dtype, device=u.device)
+    cos, sin = torch.cos(t), torch.sin(t)
+    ua, ub = u[..., axis_a], u[..., axis_b]
+    new_a, new_b = cos * ua - sin * ub, sin * ua + cos * ub
+    e_a = torch.zeros(u.shape[-1], dtype=u.dtype, device=u.device)
+    e_b = torch.zeros_like(e_a)
+    e_a[axis_a], e_b[axis_b] = 1.0, 1.0
+    u = u * (1.0 - e_a - e_b) + new_a.unsqueeze(-1) * e_a + new_b.unsqueeze(-1) * e_b
+    return r, u

@@ -1,0 +1,181 @@
+"""Configuration of Polar-ViT (paper Section 4, Appendix D) with the ablation switches of Tables 5/6."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+from transformers import PreTrainedConfig
+
+# Switch values: one per row of the paper's Tables 5 and 6 and the neighbouring systems.
+RELATIVE_POSITIONS = ("horoshift", "boost", "rotation", "none")  # Polar-ViT / HoPE / HOPE, HELM / none
+RESIDUALS = ("boost", "space", "lorentz_midpoint")  # Eq. 12 / Chen et al. 2022 / LResNet
+LINEARS = ("polar", "lorentz")  # Polar-FC Eq. 8 / Lorentz FC of Chen et al. 2022
+READOUTS = ("centroid", "cls")
+HEADS = ("lorentz_mlr", "poincare_mlr", "tangent_linear")  # Bdeir et al. 2024 / HNN++ / hybrid
+ARITHMETICS = ("polar", "ambient")
+POSITION_EMBEDDINGS = ("learned", "sincos", "none")
+ATTENTION_IMPLEMENTATIONS = ("auto", "eager", "chunked", "triton")
+
+# Reserved space axes of every head for the 2-D relative positional encoding: one (ideal, shift)
+# pair per grid axis (rows, columns), Eq. 10 and Appendix C.2.
+POSITION_AXES = ((0, 1), (2, 3))
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Appendix D.3 (HexFormer sizes, CIFAR-100 / Tiny-ImageNet)
+    "tiny-cifar": dict(image_size=32, patch_size=4, num_hidden_layers=9, hidden_size=192,
+                       intermediate_size=384, num_attention_heads=12, position_embedding="learned"),
+    "base-cifar": dict(image_size=32, patch_size=4, num_hidden_layers=12, hidden_size=768,
+                       intermediate_size=3072, num_attention_heads=12, position_embedding="learned"),
+    # Appendix D.4 (ImageNet-1k)
+    "tiny": dict(image_size=224, patch_size=16, num_hidden_layers=9, hidden_size=192,
+                 intermediate_size=384, num_attention_heads=12, position_embedding="learned"),
+    "small": dict(image_size=224, patch_size=16, num_hidden_layers=12, hidden_size=384,
+                  intermediate_size=1536, num_attention_heads=6, position_embedding="sincos"),
+    # CPU demo (scikit-learn digits upsampled to 32 x 32)
+    "demo": dict(image_size=32, patch_size=8, num_hidden_layers=2, hidden_size=48,
+                 intermediate_size=96, num_attention_heads=4, position_embedding="learned",
+                 num_labels=10),
+}
+
+
+class PolarViTConfig(PreTrainedConfig):
+    r"""Configuration of a Polar-ViT model.
+
+    Every token is a point of the Lorentz model ``L^n_k`` (curvature ``-1/k``) stored in polar form.
+
+    Args:
+        image_size, patch_size, num_channels: input geometry (square images and patches).
+        hidden_size: ``n``, the number of space coordinates of a token.
+        num_hidden_layers, num_attention_heads, intermediate_size: transformer sizes; every head works
+            on ``L^{n/H}_k`` (Sec. 4.2).
+        hidden_act: activation of the first MLP Polar-FC (Eq. 8).
+        k: curvature parameter, ``k > 0``.
+        position_embedding: absolute positions added to the space coordinates: ``"learned"`` table,
+            ``"sincos"`` (2-D sine-cosine, fixed) or ``"none"``.
+        relative_position: ``"horoshift"`` (Eq. 10, default), ``"boost"`` (HoPE), ``"rotation"``
+            (HOPE, HELM) or ``"none"``; applied to queries and keys of every head on the reserved
+            axis pairs ``(0, 1)`` (rows) and ``(2, 3)`` (columns).
+        residual: ``"boost"`` (Eq. 12), ``"space"`` (add space coordinates, recompute time; Chen et
+            al. 2022) or ``"lorentz_midpoint"`` (LResNet).
+        linear: ``"polar"`` (Polar-FC, Eq. 8) or ``"lorentz"`` (the Lorentz FC of Chen et al. 2022:
+            Polar-FC with the radius rule frozen at its anchor).
+        readout: ``"centroid"`` of the output tokens or a ``"cls"`` token.
+        head: ``"lorentz_mlr"`` (Bdeir et al. 2024), ``"poincare_mlr"`` (HNN++ unidirectional MLR) or
+            ``"tangent_linear"`` (a Euclidean linear layer on ``log_o``; hybrid).
+        arithmetic: ``"polar"`` or ``"ambient"``: the same model, with the same parameters, computed
+            in polar form or in ambient Lorentz coordinates (the paper's baseline).
+        residual_alpha_init: initial step ``alpha`` of the boost residual (Eq. 12).
+        horoshift_rate_init: ``(low, high)``: the per-head rates ``rho_h`` start log-spaced in this range.
+        attention_temperature_init: initial learned temperature ``tau`` (Eq. 9).
+        layer_norm_eps: ``epsilon`` of the gyro layer norm (Sec. 4.4).
+        drop_path_rate: stochastic depth (scales the block output of a dropped sample to zero).
+        polar_attn_implementation: ``"auto"``, ``"eager"``, ``"chunked"`` or ``"triton"`` (see
+            ``attention.polar_attention``); ``"auto"`` picks Triton on CUDA, chunked on CPU for long
+            sequences and eager when attention probabilities are requested.
+        initializer_range: std of the truncated-normal init of Euclidean tables (positions, heads).
+    """
+
+    model_type = "polar_vit"
+
+    image_size: int = 224
+    patch_size: int = 16
+    num_channels: int = 3
+    hidden_size: int = 192
+    num_hidden_layers: int = 9
+    num_attention_heads: int = 12
+    intermediate_size: int = 384
+    hidden_act: str = "gelu"
+    k: float = 1.0
+    position_embedding: str = "learned"
+    relative_position: str = "horoshift"
+    residual: str = "boost"
+    linear: str = "polar"
+    readout: str = "centroid"
+    head: str = "lorentz_mlr"
+    arithmetic: str = "polar"
+    residual_alpha_init: float = 0.1
+    horoshift_rate_init: list | tuple = (0.5, 4.0)
+    attention_temperature_init: float = 1.0
+    layer_norm_eps: float = 1e-6
+    drop_path_rate: float = 0.0
+    polar_attn_implementation: str = "auto"
+    initializer_range: float = 0.02
+
+    def __post_init__(self, **kwargs):
+        self.horoshift_rate_init = list(self.horoshift_rate_init)
+        self.validate_polar_vit()
+        super().__post_init__(**kwargs)
+
+    # ---------------------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        """Space dimension ``n / H`` of every attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    def validate_polar_vit(self) -> None:
+        """Raise a ``ValueError`` naming the field for every invalid setting."""
+
+        def positive_int(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers",
+                     "num_attention_heads", "intermediate_size"):
+            positive_int(name)
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be divisible by num_attention_heads="
+                f"{self.num_attention_heads}"
+            )
+        reserved = 2 * len(POSITION_AXES)
+        if self.relative_position != "none" and self.head_dim < reserved:
+            raise ValueError(
+                f"hidden_size / num_attention_heads = {self.head_dim} is too small for "
+                f"relative_position={self.relative_position!r}: every head reserves {reserved} space axes "
+                f"(two axis pairs for the 2-D patch grid); use a larger hidden_size, fewer heads or "
+                f"relative_position='none'"
+            )
+        if not (isinstance(self.k, (int, float)) and math.isfinite(self.k) and self.k > 0):
+            raise ValueError(f"k must be a finite positive number (curvature -1/k), got {self.k!r}")
+        for name, allowed in (
+            ("position_embedding", POSITION_EMBEDDINGS),
+            ("relative_position", RELATIVE_POSITIONS),
+            ("residual", RESIDUALS),
+            ("linear", LINEARS),
+            ("readout", READOUTS),
+            ("head", HEADS),
+            ("arithmetic", ARITHMETICS),
+            ("polar_attn_implementation", ATTENTION_IMPLEMENTATIONS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+        if not (0.0 <= float(self.drop_path_rate) < 1.0):
+            raise ValueError(f"drop_path_rate must be in [0, 1), got {self.drop_path_rate}")
+        if not (float(self.layer_norm_eps) > 0):
+            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        if not (float(self.attention_temperature_init) > 0):
+            raise ValueError(f"attention_temperature_init must be positive, got {self.attention_temperature_init}")
+        rates = self.horoshift_rate_init
+        if len(rates) != 2 or not (0 < float(rates[0]) <= float(rates[1])):
+            raise ValueError(f"horoshift_rate_init must be (low, high) with 0 < low <= high, got {rates!r}")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "PolarViTConfig":
+        """A preset of DESIGN.md / Appendix D (``tiny-cifar``, ``base-cifar``, ``tiny``, ``small``, ``demo``)."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        kwargs = copy.deepcopy(PRESETS[name])
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+
+__all__ = ["PolarViTConfig", "PRESETS"]

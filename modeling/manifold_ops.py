@@ -1,0 +1,183 @@
+"""The two arithmetics of Polar-ViT: polar form and ambient Lorentz coordinates.
+
+Every layer of the model is written once against the small interface below; ``PolarOps`` runs it
+with the polar operations of :mod:`geometry`, ``AmbientOps`` with the ambient formulas of
+:mod:`ambient` (the paper's baseline).  Both represent a point as one tensor of shape
+``(..., n+1)`` so that reshapes, indexing and gradient checkpointing are the same:
+
+* polar:   ``p = [r, u_1, ..., u_n]`` (radius, then unit direction);
+* ambient: ``x = [x_0, x_1, ..., x_n]`` (time, then space coordinates).
+
+The parameters of a model never depend on the arithmetic, so a state dict of one loads into
+the other, and in float64 both give the same logits (to ~1e-12).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from . import ambient as amb
+from . import geometry as geo
+
+
+class PolarOps:
+    """Arithmetic on packed polar points ``[r, u]``."""
+
+    name = "polar"
+
+    def __init__(self, k: float = 1.0):
+        self.k = float(k)
+        self.sqrt_k = math.sqrt(self.k)
+
+    # packing -------------------------------------------------------------------------------
+    @staticmethod
+    def make(r: Tensor, u: Tensor) -> Tensor:
+        """Pack a radius ``(...)`` and a direction ``(..., n)`` into a point ``(..., n+1)``."""
+        return torch.cat([r.unsqueeze(-1), u], dim=-1)
+
+    @staticmethod
+    def polar(p: Tensor) -> tuple[Tensor, Tensor]:
+        """``(r, u)`` of a point."""
+        return p[..., 0], p[..., 1:]
+
+    def radius(self, p: Tensor) -> Tensor:
+        return p[..., 0]
+
+    def to_ambient(self, p: Tensor) -> Tensor:
+        return geo.to_ambient(p[..., 0], p[..., 1:], self.k)
+
+    def unit_coords(self, p: Tensor) -> Tensor:
+        """``x / sqrt(k) = (cosh a, sinh a u)``: the input of a Lorentz / Polar fully connected layer."""
+        a = p[..., :1] / self.sqrt_k
+        return torch.cat([torch.cosh(a), torch.sinh(a) * p[..., 1:]], dim=-1)
+
+    def klein(self, p: Tensor) -> Tensor:
+        """Klein vector ``chi = tanh(a) u = x_s / x_0`` (Eq. 8)."""
+        return torch.tanh(p[..., :1] / self.sqrt_k) * p[..., 1:]
+
+    def space(self, p: Tensor) -> Tensor:
+        return geo.space(p[..., 0], p[..., 1:], self.k)
+
+    def from_space(self, xs: Tensor) -> Tensor:
+        return self.make(*geo.from_space(xs, self.k))
+
+    def origin_like(self, p: Tensor) -> Tensor:
+        out = torch.zeros_like(p)
+        out[..., 1] = 1.0
+        return out
+
+    # geometry ------------------------------------------------------------------------------
+    def sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
+        return geo.sq_distance(p[..., 0], p[..., 1:], q[..., 0], q[..., 1:], self.k)
+
+    def pairwise_sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
+        return geo.pairwise_sq_distance(p[..., 0], p[..., 1:], q[..., 0], q[..., 1:], self.k)
+
+    def centroid(self, p: Tensor, weights: Tensor) -> Tensor:
+        """``p (..., M, n+1)``, ``weights (..., N, M)`` -> ``(..., N, n+1)`` (Eq. 22)."""
+        return self.make(*geo.centroid(p[..., 0], p[..., 1:], weights, self.k))
+
+    def gyrocenter(self, center: Tensor, p: Tensor) -> Tensor:
+        """``(-)center (+) p`` (Eq. 21)."""
+        return self.make(*geo.gyrocenter(center[..., 0], center[..., 1:], p[..., 0], p[..., 1:], self.k))
+
+    def gyroadd_space(self, bias_space: Tensor, p: Tensor) -> Tensor:
+        """``b (+) p`` for a bias point given by its space coordinates (smooth at the origin)."""
+        return self.make(*geo.gyroadd_space(bias_space, p[..., 0], p[..., 1:], self.k))
+
+    def scale(self, p: Tensor, factor: Tensor) -> Tensor:
+        """Gyro scalar multiplication ``t (x) p``: the radius is scaled, the direction kept."""
+        return self.make(p[..., 0] * factor, p[..., 1:])
+
+    def horoshift(self, p: Tensor, t: Tensor, ideal_axis: int, shift_axis: int) -> Tensor:
+        return self.make(*geo.horoshift(p[..., 0], p[..., 1:], t, ideal_axis, shift_axis, self.k))
+
+    def boost(self, p: Tensor, t: Tensor, axis: int) -> Tensor:
+        return self.make(*geo.boost(p[..., 0], p[..., 1:], t, axis, self.k))
+
+    def rotate(self, p: Tensor, t: Tensor, axis_a: int, axis_b: int) -> Tensor:
+        return self.make(*geo.rotate(p[..., 0], p[..., 1:], t, axis_a, axis_b))
+
+    def concat_heads(self, p: Tensor) -> Tensor:
+        """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)``."""
+        return self.make(*geo.direct_concat(p[..., 0], p[..., 1:], self.k))
+
+
+class AmbientOps(PolarOps):
+    """Arithmetic on ambient coordinates ``[x_0, x_s]``: the textbook Lorentz formulas."""
+
+    name = "ambient"
+
+    def make(self, r: Tensor, u: Tensor) -> Tensor:  # type: ignore[override]
+        return geo.to_ambient(r, u, self.k)
+
+    def radius(self, p: Tensor) -> Tensor:
+        """``sqrt(k) arcosh(x_0 / sqrt(k))``, read from the time coordinate as ambient models do."""
+        return self.sqrt_k * torch.acosh((p[..., 0] / self.sqrt_k).clamp_min(1.0))
+
+    def polar(self, p: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        return self.radius(p), geo.safe_normalize(p[..., 1:])
+
+    def to_ambient(self, p: Tensor) -> Tensor:
+        return p
+
+    def unit_coords(self, p: Tensor) -> Tensor:
+        return p / self.sqrt_k
+
+    def klein(self, p: Tensor) -> Tensor:
+        return p[..., 1:] / p[..., :1]
+
+    def space(self, p: Tensor) -> Tensor:
+        return p[..., 1:]
+
+    def from_space(self, xs: Tensor) -> Tensor:
+        return amb.from_space(xs, self.k)
+
+    def origin_like(self, p: Tensor) -> Tensor:
+        out = torch.zeros_like(p)
+        out[..., 0] = self.sqrt_k
+        return out
+
+    def sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
+        return amb.sq_distance(p, q, self.k)
+
+    def pairwise_sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
+        return amb.pairwise_sq_distance(p, q, self.k)
+
+    def centroid(self, p: Tensor, weights: Tensor) -> Tensor:
+        return amb.centroid(p, weights, self.k)
+
+    def gyrocenter(self, center: Tensor, p: Tensor) -> Tensor:
+        negated = torch.cat([center[..., :1], -center[..., 1:]], dim=-1)
+        return amb.gyroadd(negated.expand_as(p), p, self.k)
+
+    def gyroadd_space(self, bias_space: Tensor, p: Tensor) -> Tensor:
+        return amb.gyroadd(amb.from_space(bias_space, self.k).expand_as(p), p, self.k)
+
+    def scale(self, p: Tensor, factor: Tensor) -> Tensor:
+        r, u = self.polar(p)
+        return self.make(r * factor, u)
+
+    def horoshift(self, p: Tensor, t: Tensor, ideal_axis: int, shift_axis: int) -> Tensor:
+        return amb.horoshift(p, t, ideal_axis, shift_axis, self.k)
+
+    def boost(self, p: Tensor, t: Tensor, axis: int) -> Tensor:
+        return amb.boost(p, t, axis, self.k)
+
+    def rotate(self, p: Tensor, t: Tensor, axis_a: int, axis_b: int) -> Tensor:
+        return amb.rotate(p, t, axis_a, axis_b)
+
+    def concat_heads(self, p: Tensor) -> Tensor:
+        return amb.direct_concat(p, self.k)
+
+
+def make_ops(arithmetic: str, k: float) -> PolarOps:
+    """The arithmetic named by ``config.arithmetic``."""
+    if arithmetic == "polar":
+        return PolarOps(k)
+    if arithmetic == "ambient":
+        return AmbientOps(k)
+    raise ValueError(f"arithmetic={arithmetic!r} is not one of ('polar', 'ambient')")

@@ -1,0 +1,681 @@
+"""PyTorch Polar-ViT: a fully hyperbolic Vision Transformer in polar form (paper Section 4).
+
+Tokens are points of the Lorentz model ``L^n_k``.  Between layers a token is one tensor of shape
+``(..., n+1)``: ``[r, u]`` (radius, unit direction) with ``arithmetic="polar"`` or ambient
+coordinates ``[x_0, x_s]`` with ``arithmetic="ambient"`` (see :mod:`manifold_ops`); the parameters
+are the same either way.
+
+Outputs: ``last_hidden_state`` and ``pooler_output`` hold **ambient coordinates**
+``x = (sqrt(k) cosh a, sqrt(k) sinh a u)`` of shape ``(..., n+1)``, the natural Lorentz tensor;
+``last_hidden_polar`` / ``pooler_polar`` hold the exact polar view ``[r, u]`` (use these beyond
+``r ~ 8`` in float32, where the ambient view loses precision).
+
+Manifold-valued parameters (bias points of the gyro layer norms, the class token) are stored as
+plain tensors of space coordinates and identified by name (``MANIFOLD_PARAMETER_SUFFIXES``): a
+``Parameter`` subclass would not survive ``from_pretrained`` in transformers 5.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+
+from . import geometry as geo
+from .attention import polar_attention
+from .configuration_polar_vit import POSITION_AXES, PolarViTConfig
+from .manifold_ops import PolarOps, make_ops
+
+# Parameters that are points of the manifold, stored as space coordinates (see module docstring).
+MANIFOLD_PARAMETER_SUFFIXES = ("norm.bias_point", "cls_token")
+# Scale parameters: never weight-decayed (Appendix D.3).
+SCALE_PARAMETER_SUFFIXES = ("log_gain", "log_temperature", "alpha", "rates", "midpoint_weight")
+# Radius parameters of the Polar-FC: decayed towards their initial values (Appendix D.3).
+POLAR_FC_RADIUS_PARAMETERS = {"norm_power": 1.0, "radius_weight": 0.0, "klein_weight": 0.0, "radius_bias": 0.0}
+
+
+@dataclass
+class PolarViTModelOutput(BaseModelOutputWithPooling):
+    r"""Output of :class:`PolarViTModel`.
+
+    Args:
+        last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size + 1)`):
+            Ambient Lorentz coordinates ``(x_0, x_s)`` of the output tokens (after the final gyro norm).
+        pooler_output (`torch.FloatTensor` of shape `(batch_size, hidden_size + 1)`):
+            Ambient coordinates of the readout point (polar centroid of the tokens or class token).
+        hidden_states (`tuple(torch.FloatTensor)`, *optional*):
+            Ambient coordinates after the embeddings and after every layer.
+        attentions (`tuple(torch.FloatTensor)`, *optional*):
+            Attention probabilities ``(batch_size, num_heads, seq, seq)`` of every layer.
+        last_hidden_polar (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size + 1)`):
+            The same tokens in polar form ``[r, u]``: exact at any radius.
+        pooler_polar (`torch.FloatTensor` of shape `(batch_size, hidden_size + 1)`):
+            The readout point in polar form ``[r, u]``.
+    """
+
+    last_hidden_polar: Tensor | None = None
+    pooler_polar: Tensor | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# layers
+# ------------------------------------------------------------------------------------------------
+class PolarFC(nn.Module):
+    r"""Polar fully connected layer, Eq. 8.
+
+    ``h = phi(W x / sqrt(k))`` (``W`` acts on all ``n+1`` ambient coordinates, its time column
+    plays the role of a bias), output direction ``h / ||h||`` and log-radius
+
+        ``l = beta ln||h|| + lambda a + varphi^T chi + varphi_0``,   ``a' = arsinh(e^l)``
+
+    with the Klein vector ``chi = tanh(a) u``.  Anchored initialisation ``beta = 1``,
+    ``lambda = varphi_0 = 0``, ``varphi = 0`` makes it the general Lorentz FC of Chen et al. 2022
+    (``sinh a' = ||h||``) in curvature-normalised coordinates.  ``n'(n+1) + n + 3`` parameters per
+    head.  With ``radius_rule=False`` it *is* that Lorentz FC (``linear="lorentz"``).  With
+    ``num_heads = H`` the layer is ``H`` independent Polar-FCs ``L^n -> L^d`` (split-head attention
+    projections) and returns ``(..., H, d+1)``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        k: float = 1.0,
+        num_heads: int | None = None,
+        activation: str | None = None,
+        radius_rule: bool = True,
+        init_scheme: str = "xavier",
+    ):
+        super().__init__()
+        self.in_features, self.out_features, self.num_heads = in_features, out_features, num_heads
+        self.sqrt_k = math.sqrt(k)
+        self.init_scheme = init_scheme
+        heads = num_heads or 1
+        self.weight = nn.Parameter(torch.empty(heads * out_features, in_features + 1))
+        self.activation = ACT2FN[activation] if activation else None
+        self.radius_rule = radius_rule
+        if radius_rule:
+            self.norm_power = nn.Parameter(torch.ones(heads))  # beta
+            self.radius_weight = nn.Parameter(torch.zeros(heads))  # lambda
+            self.klein_weight = nn.Parameter(torch.zeros(heads, in_features))  # varphi
+            self.radius_bias = nn.Parameter(torch.zeros(heads))  # varphi_0
+
+    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+        heads = self.num_heads or 1
+        h = F.linear(ops.unit_coords(p), self.weight).unflatten(-1, (heads, self.out_features))
+        if self.activation is not None:
+            h = self.activation(h)
+        norm = torch.linalg.vector_norm(h, dim=-1)  # (..., H)
+        log_norm = torch.log(norm.clamp_min(1e-30))
+        if self.radius_rule:
+            a = (ops.radius(p) / self.sqrt_k).unsqueeze(-1)
+            log_radius = (
+                self.norm_power * log_norm + self.radius_weight * a
+                + ops.klein(p) @ self.klein_weight.t() + self.radius_bias
+            )
+        else:
+            log_radius = log_norm
+        out = ops.make(self.sqrt_k * geo.asinh_exp(log_radius), geo.safe_normalize(h))
+        return out if self.num_heads else out.squeeze(-2)
+
+
+class RelativePositionEncoding(nn.Module):
+    r"""Relative positional encoding on the patch grid, per head, on two reserved axis pairs.
+
+    ``horoshift`` (Eq. 10, App. C): the token at grid position ``(m_y, m_x)`` is shifted by
+    ``t = m rho_h / M`` along each grid axis, rows on axes ``(0, 1)`` (ideal, shift), columns on
+    ``(2, 3)``; the squared distance of Eq. 9 then depends only on the offset along each axis.
+    ``boost`` (HoPE) boosts along axes 0 and 2 with rapidity ``t``; ``rotation`` (HOPE, HELM) rotates
+    the planes ``(0, 1)`` and ``(2, 3)`` by angle ``t``.  Learned rates ``rho`` ``(H, 2)``:
+    ``2H`` parameters per layer, excluded from weight decay.  Prefix (class) tokens are not moved.
+    """
+
+    def __init__(self, kind: str, num_heads: int, rate_init: tuple[float, float]):
+        super().__init__()
+        self.kind = kind
+        self.rate_init = tuple(float(v) for v in rate_init)
+        self.rates = nn.Parameter(torch.empty(num_heads, 2))
+
+    def initial_rates(self) -> Tensor:
+        """Rates log-spaced over ``horoshift_rate_init`` across heads, so heads differ in locality."""
+        low, high = self.rate_init
+        heads = self.rates.shape[0]
+        values = torch.logspace(math.log10(low), math.log10(high), heads) if heads > 1 else torch.tensor([low])
+        return values.unsqueeze(-1).expand(heads, 2).clone()
+
+    def offsets(self, grid: tuple[int, int], num_prefix: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Per-token, per-head ``(t_rows, t_cols)`` of shape ``(N, H)``."""
+        rows, cols = grid
+        index = torch.arange(rows * cols, device=self.rates.device)
+        rates = self.rates.to(dtype)
+        t_rows = (index // cols).to(dtype).unsqueeze(-1) * rates[:, 0] / rows
+        t_cols = (index % cols).to(dtype).unsqueeze(-1) * rates[:, 1] / cols
+        if num_prefix:
+            pad = t_rows.new_zeros(num_prefix, t_rows.shape[1])
+            t_rows, t_cols = torch.cat([pad, t_rows]), torch.cat([pad, t_cols])
+        return t_rows, t_cols
+
+    def forward(self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: PolarOps) -> Tensor:
+        """``p (B, N, H, d+1)`` -> same shape."""
+        t_rows, t_cols = self.offsets(grid, num_prefix, p.dtype)
+        for t, (first, second) in zip((t_rows, t_cols), POSITION_AXES):
+            if self.kind == "horoshift":
+                p = ops.horoshift(p, t, first, second)
+            elif self.kind == "boost":
+                p = ops.boost(p, t, first)
+            else:
+                p = ops.rotate(p, t, first, second)
+        return p
+
+
+class PolarSelfAttention(nn.Module):
+    r"""Split-head polar attention, Eq. 9.
+
+    Queries, keys and values are per-head Polar-FCs ``L^n -> L^{n/H}`` (orthogonal init, D.2); the
+    relative positional encoding moves queries and keys; the score is ``-(gamma / tau_h) d^2`` with
+    ``gamma = (n/H)^{-1/2}`` and a learned temperature per head; the values are aggregated by the
+    polar centroid (Eq. 22); heads are merged by Lorentz direct concatenation, then a Polar-FC.
+    """
+
+    def __init__(self, config: PolarViTConfig):
+        super().__init__()
+        n, heads, d = config.hidden_size, config.num_attention_heads, config.head_dim
+        rule = config.linear == "polar"
+        self.num_heads, self.head_dim, self.k = heads, d, float(config.k)
+        self.implementation = config.polar_attn_implementation
+
+        def projection(out_features: int, num_heads: int | None) -> PolarFC:
+            return PolarFC(n, out_features, config.k, num_heads, radius_rule=rule, init_scheme="orthogonal")
+
+        self.q_proj, self.k_proj, self.v_proj = (projection(d, heads) for _ in range(3))
+        self.o_proj = projection(n, None)
+        self.log_temperature = nn.Parameter(torch.full((heads,), math.log(config.attention_temperature_init)))
+        self.position = (
+            None if config.relative_position == "none"
+            else RelativePositionEncoding(config.relative_position, heads, config.horoshift_rate_init)
+        )
+
+    def scale(self) -> Tensor:
+        """``gamma / tau_h`` per head."""
+        return self.head_dim**-0.5 * torch.exp(-self.log_temperature)
+
+    def forward(
+        self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: PolarOps, output_attentions: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        q, k, v = self.q_proj(p, ops), self.k_proj(p, ops), self.v_proj(p, ops)  # (B, N, H, d+1)
+        if self.position is not None:
+            q = self.position(q, grid, num_prefix, ops)
+            k = self.position(k, grid, num_prefix, ops)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, d+1)
+        scale = self.scale().to(p.dtype)
+        probs = None
+        if ops.name == "polar":
+            out = polar_attention(
+                q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], scale, self.k,
+                impl="eager", return_probs=output_attentions,
+            )
+            heads = ops.make(out[0], out[1])
+            probs = out[2] if output_attentions else None
+        else:
+            scores = -scale.view(-1, 1, 1) * ops.pairwise_sq_distance(q, k)
+            weights = torch.softmax(scores, dim=-1)
+            heads = ops.centroid(v, weights)
+            probs = weights if output_attentions else None
+        merged = ops.concat_heads(heads.transpose(1, 2))  # (B, N, n+1)
+        return self.o_proj(merged, ops), probs
+
+
+class GyroLayerNorm(nn.Module):
+    r"""Gyro layer normalisation over the tokens of each sample (Sec. 4.4).
+
+    ``x_hat = beta (+) (gamma / sqrt(sigma^2 + eps) (x) ((-)xbar (+) x))`` with ``xbar`` the polar
+    centroid of the sample's tokens and ``sigma^2`` their mean squared distance to it.  The gain
+    ``gamma = exp(log_gain)`` starts at ``sqrt(k) arsinh sqrt(n/k)``; the bias point ``beta``
+    (space coordinates ``bias_point``) starts at the origin.  No running state.
+    """
+
+    def __init__(self, hidden_size: int, k: float, eps: float):
+        super().__init__()
+        self.hidden_size, self.k, self.eps = hidden_size, float(k), float(eps)
+        self.log_gain = nn.Parameter(torch.zeros(()))
+        self.bias_point = nn.Parameter(torch.zeros(hidden_size))
+
+    def initial_log_gain(self) -> float:
+        return math.log(math.sqrt(self.k) * math.asinh(math.sqrt(self.hidden_size / self.k)))
+
+    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+        batch, tokens = p.shape[0], p.shape[-2]
+        uniform = p.new_full((batch, 1, tokens), 1.0 / tokens)
+        mean = ops.centroid(p, uniform)  # (B, 1, n+1)
+        variance = ops.sq_distance(p, mean).mean(-1, keepdim=True)  # (B, 1)
+        centred = ops.gyrocenter(mean, p)
+        scaled = ops.scale(centred, torch.exp(self.log_gain) / torch.sqrt(variance + self.eps))
+        return ops.gyroadd_space(self.bias_point.to(p.dtype), scaled)
+
+
+class PolarResidual(nn.Module):
+    r"""Residual connection ``x -> x "+" f(x)`` with stochastic depth.
+
+    ``boost`` (Eq. 12): ``a' = a + alpha (b_par - mean(b_par))`` (radial step centred over the
+    sample's tokens) and ``u' = normalize(tanh(a) u + sinh(alpha b_perp) v_perp_hat)``, learned
+    ``alpha`` (init 0.1).  ``space``: add the space coordinates and recompute the time coordinate
+    (Chen et al. 2022).  ``lorentz_midpoint``: weighted Lorentzian midpoint of ``{x, f(x)}`` with
+    weights ``(1, softplus(w))``, ``w`` init so the weight is 1 (LResNet).
+    """
+
+    def __init__(self, config: PolarViTConfig, drop_path: float):
+        super().__init__()
+        self.kind, self.drop_path, self.sqrt_k = config.residual, float(drop_path), math.sqrt(config.k)
+        if self.kind == "boost":
+            self.alpha = nn.Parameter(torch.tensor(float(config.residual_alpha_init)))
+        elif self.kind == "lorentz_midpoint":
+            self.midpoint_weight = nn.Parameter(torch.tensor(math.log(math.e - 1.0)))  # softplus -> 1
+
+    def _strength(self, p: Tensor) -> Tensor | None:
+        """Per-sample stochastic-depth factor ``(B, 1)``: 0 (dropped) or ``1 / keep`` (kept)."""
+        if not self.training or self.drop_path == 0.0:
+            return None
+        keep = 1.0 - self.drop_path
+        mask = torch.empty(p.shape[0], 1, dtype=p.dtype, device=p.device).bernoulli_(keep)
+        return mask / keep
+
+    def forward(self, x: Tensor, f: Tensor, ops: PolarOps) -> Tensor:
+        strength = self._strength(x)
+        if self.kind == "space":
+            step = ops.space(f) if strength is None else ops.space(f) * strength.unsqueeze(-1)
+            return ops.from_space(ops.space(x) + step)
+        if self.kind == "lorentz_midpoint":
+            w = F.softplus(self.midpoint_weight).expand(x.shape[:-1])
+            if strength is not None:
+                w = w * strength
+            weights = torch.stack([torch.ones_like(w), w], dim=-1).unsqueeze(-2)  # (B, N, 1, 2)
+            return ops.centroid(torch.stack([x, f], dim=-2), weights).squeeze(-2)
+        return self._boost(x, f, ops, strength)
+
+    def _boost(self, x: Tensor, f: Tensor, ops: PolarOps, strength: Tensor | None) -> Tensor:
+        r, u = ops.polar(x)
+        r_f, v = ops.polar(f)
+        a, b = r / self.sqrt_k, r_f / self.sqrt_k
+        if strength is not None:
+            b = b * strength
+        v_perp, _, _ = geo._perp(v, u)
+        b_par = b * (u * v).sum(-1)
+        perp_step = (self.alpha * b).unsqueeze(-1) * v_perp  # alpha b_perp v_perp_hat
+        a_new = a + self.alpha * (b_par - b_par.mean(-1, keepdim=True))
+        _, sinhc = geo._cosh_sinhc_sq(perp_step.square().sum(-1))
+        direction = geo.safe_normalize(torch.tanh(a).unsqueeze(-1) * u + sinhc.unsqueeze(-1) * perp_step)
+        flip = torch.where(a_new < 0, -1.0, 1.0).to(direction.dtype).unsqueeze(-1)
+        return ops.make(self.sqrt_k * a_new.abs(), flip * direction)
+
+
+class PolarMLP(nn.Module):
+    """Two Polar-FCs ``L^n -> L^m -> L^n`` with the activation in the first (Eq. 8, Xavier init)."""
+
+    def __init__(self, config: PolarViTConfig):
+        super().__init__()
+        rule = config.linear == "polar"
+        self.fc1 = PolarFC(config.hidden_size, config.intermediate_size, config.k,
+                           activation=config.hidden_act, radius_rule=rule)
+        self.fc2 = PolarFC(config.intermediate_size, config.hidden_size, config.k, radius_rule=rule)
+
+    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+        return self.fc2(self.fc1(p, ops), ops)
+
+
+class PolarViTLayer(GradientCheckpointingLayer):
+    """Pre-norm block: gyro norm, polar attention, residual; gyro norm, polar MLP, residual."""
+
+    def __init__(self, config: PolarViTConfig, drop_path: float = 0.0):
+        super().__init__()
+        self.attention_norm = GyroLayerNorm(config.hidden_size, config.k, config.layer_norm_eps)
+        self.attention = PolarSelfAttention(config)
+        self.attention_residual = PolarResidual(config, drop_path)
+        self.mlp_norm = GyroLayerNorm(config.hidden_size, config.k, config.layer_norm_eps)
+        self.mlp = PolarMLP(config)
+        self.mlp_residual = PolarResidual(config, drop_path)
+
+    def forward(
+        self, hidden: Tensor, grid: tuple[int, int], num_prefix: int, ops: PolarOps, output_attentions: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        attended, probs = self.attention(self.attention_norm(hidden, ops), grid, num_prefix, ops, output_attentions)
+        hidden = self.attention_residual(hidden, attended, ops)
+        hidden = self.mlp_residual(hidden, self.mlp(self.mlp_norm(hidden, ops), ops), ops)
+        return hidden, probs
+
+
+def sincos_positions(hidden_size: int, grid: tuple[int, int]) -> Tensor:
+    """2-D sine-cosine positions ``(rows * cols, n)`` (MAE style), scaled to unit norm per token."""
+    if hidden_size % 4:
+        raise ValueError(f"sine-cosine positions need hidden_size divisible by 4, got {hidden_size}")
+    quarter = hidden_size // 4
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    rows, cols = torch.meshgrid(torch.arange(grid[0], dtype=torch.float64),
+                                torch.arange(grid[1], dtype=torch.float64), indexing="ij")
+    parts = []
+    for coord in (rows.flatten(), cols.flatten()):
+        angles = coord[:, None] * omega[None]
+        parts += [torch.sin(angles), torch.cos(angles)]
+    return (torch.cat(parts, dim=-1) / math.sqrt(hidden_size / 2)).float()
+
+
+class PolarViTEmbeddings(nn.Module):
+    r"""Patch embedding: patches onto the manifold, a Polar-FC, absolute positions, class token.
+
+    A patch vector ``e`` (``C P^2`` values) is mapped by ``exp_o`` of ``e / sqrt(C P^2)`` (radius =
+    RMS pixel value, direction ``e / ||e||``), then by a Polar-FC to ``L^n`` (Xavier, D.2).
+    Positions (learned table, or fixed sine-cosine of unit norm) are added to the space
+    coordinates (Sec. 4).  With ``readout="cls"`` a class token (a point, space coordinates
+    ``cls_token``) is prepended.
+    """
+
+    def __init__(self, config: PolarViTConfig):
+        super().__init__()
+        self.config = config
+        self.patch_size = config.patch_size
+        self.grid = (config.image_size // config.patch_size,) * 2
+        patch_dim = config.num_channels * config.patch_size**2
+        self.patch_projection = PolarFC(patch_dim, config.hidden_size, config.k, radius_rule=config.linear == "polar")
+        self.position_embeddings = None
+        if config.position_embedding == "learned":
+            self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches, config.hidden_size))
+        elif config.position_embedding == "sincos":
+            self.register_buffer("sincos", sincos_positions(config.hidden_size, self.grid)[None], persistent=False)
+        self.cls_token = nn.Parameter(torch.zeros(config.hidden_size)) if config.readout == "cls" else None
+
+    def positions(self, grid: tuple[int, int], interpolate: bool, dtype: torch.dtype) -> Tensor | None:
+        """Position table for ``grid``; learned tables are bicubically interpolated when asked to."""
+        kind = self.config.position_embedding
+        if kind == "none":
+            return None
+        if kind == "sincos":
+            table = self.sincos if grid == self.grid else sincos_positions(self.config.hidden_size, grid)[None]
+            return table.to(device=self.sincos.device, dtype=dtype)
+        table = self.position_embeddings
+        if grid != self.grid:
+            n = table.shape[-1]
+            image = table.reshape(1, *self.grid, n).permute(0, 3, 1, 2)
+            image = F.interpolate(image, size=grid, mode="bicubic", align_corners=False)
+            table = image.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], n)
+        return table.to(dtype)
+
+    def forward(self, pixel_values: Tensor, ops: PolarOps, interpolate_pos_encoding: bool = False
+                ) -> tuple[Tensor, tuple[int, int], int]:
+        batch, channels, height, width = pixel_values.shape
+        size = self.patch_size
+        grid = (height // size, width // size)
+        if grid != self.grid and not interpolate_pos_encoding and self.config.position_embedding == "learned":
+            raise ValueError(
+                f"Input image size ({height}*{width}) doesn't match model ({self.config.image_size}*"
+                f"{self.config.image_size}); resize the image or pass interpolate_pos_encoding=True"
+            )
+        patches = pixel_values.reshape(batch, channels, grid[0], size, grid[1], size)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(batch, grid[0] * grid[1], -1)
+        radius = torch.linalg.vector_norm(patches, dim=-1) / math.sqrt(patches.shape[-1])
+        tokens = self.patch_projection(ops.make(radius, geo.safe_normalize(patches)), ops)
+        positions = self.positions(grid, interpolate_pos_encoding, tokens.dtype)
+        if positions is not None:
+            tokens = ops.from_space(ops.space(tokens) + positions)
+        num_prefix = 0
+        if self.cls_token is not None:
+            cls = ops.from_space(self.cls_token.to(tokens.dtype)).expand(batch, 1, -1)
+            tokens = torch.cat([cls, tokens], dim=1)
+            num_prefix = 1
+        return tokens, grid, num_prefix
+
+
+class HyperplaneHead(nn.Module):
+    r"""Hyperbolic multinomial logistic regression (one hyperplane per class).
+
+    ``lorentz_mlr`` (Bdeir et al. 2024): ``v_c = sqrt(k) ||z_c|| arsinh(alpha_c / (sqrt(k) ||z_c||))`` with
+    ``alpha_c = cosh(A) <z_c, x_s> - sinh(A) x_0``, ``A = a_c / sqrt(k)``.
+    ``poincare_mlr`` (HNN++ unidirectional MLR on the Poincare image ``x_s / (1 + x_0 / sqrt(k))``):
+    ``v_c = 2 sqrt(k) ||z_c|| arsinh(lambda_x <x, z_hat> cosh(2 r_c/sqrt(k)) - (lambda_x - 1) sinh(2 r_c/sqrt(k)))``,
+    which in polar form is ``sinh(a) (u . z_hat) cosh(A) - cosh(a) sinh(A)``.
+    Both margins have the form ``c1 sinh(a) (u . z_hat) - c2 cosh(a)``, evaluated in polar form as
+    ``cosh(a) [c1 (u . z_hat) - c2] - c1 (u . z_hat) e^{-a}``, so the large terms never cancel.
+    """
+
+    def __init__(self, hidden_size: int, num_labels: int, k: float, kind: str):
+        super().__init__()
+        self.kind, self.sqrt_k = kind, math.sqrt(k)
+        self.weight = nn.Parameter(torch.zeros(num_labels, hidden_size))  # z_c
+        self.bias = nn.Parameter(torch.zeros(num_labels))  # a_c or r_c
+
+    def margin(self, p: Tensor, ops: PolarOps, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
+        if ops.name == "polar":
+            a = p[..., :1] / self.sqrt_k
+            cos = p[..., 1:] @ z_hat.t()
+            return torch.cosh(a) * (c1 * cos - c2) - c1 * cos * torch.exp(-a)
+        x = p / self.sqrt_k
+        return c1 * (x[..., 1:] @ z_hat.t()) - c2 * x[..., :1]
+
+    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+        z_norm = torch.linalg.vector_norm(self.weight, dim=-1).clamp_min(1e-12)
+        z_hat = self.weight / z_norm.unsqueeze(-1)
+        if self.kind == "lorentz_mlr":
+            big_a = self.bias / self.sqrt_k
+            margin = self.margin(p, ops, z_hat, z_norm * torch.cosh(big_a), torch.sinh(big_a))
+            return self.sqrt_k * z_norm * torch.asinh(margin / z_norm)
+        big_a = 2.0 * self.bias / self.sqrt_k
+        margin = self.margin(p, ops, z_hat, torch.cosh(big_a), torch.sinh(big_a))
+        return 2.0 * self.sqrt_k * z_norm * torch.asinh(margin)
+
+
+class TangentLinearHead(nn.Module):
+    """Hybrid head: a Euclidean linear layer on ``log_o(x) = r u``."""
+
+    def __init__(self, hidden_size: int, num_labels: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+        r, u = ops.polar(p)
+        return self.linear(r.unsqueeze(-1) * u)
+
+
+# ------------------------------------------------------------------------------------------------
+# transformers classes
+# ------------------------------------------------------------------------------------------------
+class PolarViTPreTrainedModel(PreTrainedModel):
+    """Weights initialisation (Appendix D.2) and the transformers plumbing shared by Polar-ViT models."""
+
+    config_class = PolarViTConfig
+    config: PolarViTConfig
+    base_model_prefix = "polar_vit"
+    main_input_name = "pixel_values"
+    input_modalities = ("image",)
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["PolarViTEmbeddings", "PolarViTLayer"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, PolarFC):
+            if module.init_scheme == "orthogonal":
+                init.orthogonal_(module.weight)
+            else:
+                init.xavier_uniform_(module.weight)
+            if module.radius_rule:
+                for name, value in POLAR_FC_RADIUS_PARAMETERS.items():
+                    init.constant_(getattr(module, name), value)
+        elif isinstance(module, GyroLayerNorm):
+            init.constant_(module.log_gain, module.initial_log_gain())
+            init.zeros_(module.bias_point)
+        elif isinstance(module, PolarResidual):
+            if module.kind == "boost":
+                init.constant_(module.alpha, self.config.residual_alpha_init)
+            elif module.kind == "lorentz_midpoint":
+                init.constant_(module.midpoint_weight, math.log(math.e - 1.0))
+        elif isinstance(module, PolarSelfAttention):
+            init.constant_(module.log_temperature, math.log(self.config.attention_temperature_init))
+        elif isinstance(module, RelativePositionEncoding):
+            init.copy_(module.rates, module.initial_rates())
+        elif isinstance(module, PolarViTEmbeddings):
+            if module.position_embeddings is not None:
+                init.trunc_normal_(module.position_embeddings, std=std)
+            if module.cls_token is not None:
+                init.trunc_normal_(module.cls_token, std=std)
+        elif isinstance(module, HyperplaneHead):
+            init.normal_(module.weight, std=std)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
+            init.trunc_normal_(module.weight, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+
+    def manifold_parameter_names(self) -> list[str]:
+        """Names of the parameters that are points of the manifold (stored as space coordinates)."""
+        return [name for name, _ in self.named_parameters() if name.endswith(MANIFOLD_PARAMETER_SUFFIXES)]
+
+
+def _check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> None:
+    if pixel_values is None:
+        raise ValueError("You have to specify pixel_values")
+    if pixel_values.dim() != 4:
+        raise ValueError(f"pixel_values must have shape (batch, channels, height, width), got {tuple(pixel_values.shape)}")
+    if pixel_values.shape[1] != config.num_channels:
+        raise ValueError(
+            f"pixel_values has {pixel_values.shape[1]} channels but the model expects "
+            f"num_channels={config.num_channels}; check the image mode (e.g. convert to RGB)"
+        )
+    height, width = pixel_values.shape[-2:]
+    if height % config.patch_size or width % config.patch_size:
+        raise ValueError(f"image size {height}x{width} is not a multiple of patch_size={config.patch_size}")
+    if not torch.compiler.is_compiling() and not torch.isfinite(pixel_values).all():
+        raise ValueError("pixel_values contains NaN or Inf values")
+
+
+class PolarViTModel(PolarViTPreTrainedModel):
+    """The bare Polar-ViT encoder: embeddings, ``L`` polar blocks, final gyro norm and readout point."""
+
+    def __init__(self, config: PolarViTConfig):
+        super().__init__(config)
+        self.ops = make_ops(config.arithmetic, config.k)
+        self.embeddings = PolarViTEmbeddings(config)
+        rates = torch.linspace(0.0, config.drop_path_rate, config.num_hidden_layers).tolist()
+        self.layers = nn.ModuleList([PolarViTLayer(config, rate) for rate in rates])
+        self.norm = GyroLayerNorm(config.hidden_size, config.k, config.layer_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def set_arithmetic(self, arithmetic: str) -> None:
+        """Switch between polar and ambient arithmetic in place (same parameters)."""
+        self.config.arithmetic = arithmetic
+        self.config.validate_polar_vit()
+        self.ops = make_ops(arithmetic, self.config.k)
+
+    def forward(
+        self,
+        pixel_values: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> PolarViTModelOutput | tuple:
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        _check_pixel_values(pixel_values, config)
+        ops = self.ops
+        dtype = self.embeddings.patch_projection.weight.dtype
+        # the polar arithmetic always runs in (at least) float32, also under bf16 autocast
+        compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        with torch.autocast(device_type=pixel_values.device.type, enabled=False):
+            hidden, grid, num_prefix = self.embeddings(
+                pixel_values.to(compute_dtype), ops, bool(interpolate_pos_encoding)
+            )
+            all_hidden = [ops.to_ambient(hidden)] if output_hidden_states else None
+            all_attentions = [] if output_attentions else None
+            for layer in self.layers:
+                hidden, probs = layer(hidden, grid, num_prefix, ops, output_attentions)
+                if all_hidden is not None:
+                    all_hidden.append(ops.to_ambient(hidden))
+                if all_attentions is not None:
+                    all_attentions.append(probs)
+            hidden = self.norm(hidden, ops)
+            if config.readout == "cls":
+                pooled = hidden[:, 0]
+            else:
+                uniform = hidden.new_full((hidden.shape[0], 1, hidden.shape[1]), 1.0 / hidden.shape[1])
+                pooled = ops.centroid(hidden, uniform).squeeze(1)
+        polar_view = PolarOps.make(*ops.polar(hidden))
+        pooled_polar = PolarOps.make(*ops.polar(pooled))
+        output = PolarViTModelOutput(
+            last_hidden_state=ops.to_ambient(hidden),
+            pooler_output=ops.to_ambient(pooled),
+            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+            attentions=tuple(all_attentions) if all_attentions is not None else None,
+            last_hidden_polar=polar_view,
+            pooler_polar=pooled_polar,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class PolarViTForImageClassification(PolarViTPreTrainedModel):
+    """Polar-ViT with a hyperbolic classification head on the readout point (Sec. 4)."""
+
+    def __init__(self, config: PolarViTConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.polar_vit = PolarViTModel(config)
+        if config.head == "tangent_linear":
+            self.classifier = TangentLinearHead(config.hidden_size, config.num_labels)
+        else:
+            self.classifier = HyperplaneHead(config.hidden_size, config.num_labels, config.k, config.head)
+        self.post_init()
+
+    def set_arithmetic(self, arithmetic: str) -> None:
+        """Switch between polar and ambient arithmetic in place (same parameters)."""
+        self.polar_vit.set_arithmetic(arithmetic)
+
+    def forward(
+        self,
+        pixel_values: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> ImageClassifierOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.polar_vit(
+            pixel_values,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            interpolate_pos_encoding=interpolate_pos_encoding,
+            return_dict=True,
+        )
+        ops = self.polar_vit.ops
+        pooled = outputs.pooler_polar if ops.name == "polar" else outputs.pooler_output
+        with torch.autocast(device_type=pooled.device.type, enabled=False):
+            logits = self.classifier(pooled, ops)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels, logits, self.config, **kwargs)
+        output = ImageClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "MANIFOLD_PARAMETER_SUFFIXES",
+    "POLAR_FC_RADIUS_PARAMETERS",
+    "SCALE_PARAMETER_SUFFIXES",
+    "PolarViTForImageClassification",
+    "PolarViTModel",
+    "PolarViTModelOutput",
+    "PolarViTPreTrainedModel",
+]
