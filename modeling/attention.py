@@ -13,7 +13,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from . import geometry as geo
+from .geometry import centroid, pairwise_sq_distance
 
 IMPLEMENTATIONS = ("eager",)
 
@@ -48,9 +48,9 @@ def eager_polar_attention(
 
     Returns ``(r, u, probs)``.
     """
-    scores = -_scale_tensor(scale, uq.shape[1], rq) * geo.pairwise_sq_distance(rq, uq, rk, uk, k)
+    scores = -_scale_tensor(scale, uq.shape[1], rq) * pairwise_sq_distance(rq, uq, rk, uk, k)
     probs = torch.softmax(scores, dim=-1)
-    r, u = geo.centroid(rv, uv, probs, k)
+    r, u = centroid(rv, uv, probs, k)
     return r, u, probs
 
 

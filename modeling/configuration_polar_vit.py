@@ -107,6 +107,8 @@ class PolarViTConfig(PreTrainedConfig):
         self.horoshift_rate_init = list(self.horoshift_rate_init)
         self.validate_polar_vit()
         super().__post_init__(**kwargs)
+        if self.id2label and not self.label2id:
+            self.label2id = {label: index for index, label in self.id2label.items()}
 
     # ---------------------------------------------------------------------------------------
     @property

@@ -35,6 +35,7 @@ __all__ = [
     "busemann_nu",
     "centroid",
     "chord",
+    "cosh_sinhc_sq",
     "distance",
     "direct_concat",
     "expmap",
@@ -50,6 +51,7 @@ __all__ = [
     "logmap",
     "pairwise_chord",
     "pairwise_sq_distance",
+    "perp",
     "project_grad",
     "rotate",
     "safe_normalize",
@@ -196,7 +198,7 @@ def _safe_norm(v: Tensor) -> Tensor:
     return torch.where(positive, torch.sqrt(torch.where(positive, sq, torch.ones_like(sq))), sq)
 
 
-def _perp(v: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def perp(v: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Stable ``v - (v.u) u`` for unit ``u``, ``v``.
 
     With ``s = sign(u.v)``: ``v - (v.u) u = (v - s u) + s (1/2 ||v - s u||^2) u``, so both for
@@ -464,7 +466,7 @@ def gyroadd(
     _check_point(r2, u2, "2")
     _check_same_dim(u1, u2)
     a, b = r1 / sk, r2 / sk
-    v_perp, sign, half_gap = _perp(u2, u1)  # half_gap = 1 - sign * cos
+    v_perp, sign, half_gap = perp(u2, u1)  # half_gap = 1 - sign * cos
     sinh_a, cosh_a, sinh_b = torch.sinh(a), torch.cosh(a), torch.sinh(b)
     aligned = sinh_a * torch.cosh(b) + cosh_a * sinh_b * (1.0 - half_gap)
     opposite = torch.sinh(a - b) + cosh_a * sinh_b * half_gap
@@ -534,7 +536,7 @@ def project_grad(
     return xi_r, grad_space - radial.unsqueeze(-1) * u
 
 
-def _cosh_sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor]:
+def cosh_sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor]:
     """``cosh(w)`` and ``sinh(w)/w`` as smooth functions of ``w^2`` (even in ``w``)."""
     small = omega_sq < 1e-8
     w = torch.sqrt(torch.where(small, torch.ones_like(omega_sq), omega_sq))
@@ -569,7 +571,7 @@ def expmap(
     w_r = xi_r / sk
     perp_sq = xi_perp.square().sum(-1) / sk**2
     omega_sq = w_r.square() + perp_sq
-    cosh_w, sinhc_w = _cosh_sinhc_sq(omega_sq)
+    cosh_w, sinhc_w = cosh_sinhc_sq(omega_sq)
     # outward or tangential step (Eq. 16): every term is non-negative
     x0_out = cosh_w + sinhc_w * w_r * chi
     radial_out = cosh_w * chi + sinhc_w * w_r
@@ -608,7 +610,7 @@ def logmap(
     ratio = sk * _asinhc_half(c) / torch.sqrt(1.0 + 0.5 * c)
     sinh_b = torch.sinh(b)
     radial = torch.sinh(a - b) + torch.cosh(a) * sinh_b * chord(u1, u2)
-    v_perp, _, _ = _perp(u2, u1)
+    v_perp, _, _ = perp(u2, u1)
     return -ratio * radial, (ratio * sinh_b).unsqueeze(-1) * v_perp
 
 
@@ -640,7 +642,7 @@ def transport(
     v_dot_xi = (u2 * xi_perp).sum(-1)
     lam = (-xi_r * radial_gap + sinh_b * v_dot_xi) / (2.0 + c)
     along_u = xi_r * cosh_a + lam * sinh_a  # coefficient of u in zeta_s
-    u_perp_v, _, _ = _perp(u1, u2)  # u - (u.v) v, stable
+    u_perp_v, _, _ = perp(u1, u2)  # u - (u.v) v, stable
     cos = (u1 * u2).sum(-1)
     zeta_r = (along_u * cos + v_dot_xi + lam * sinh_b) / torch.cosh(b)
     xi_perp_v = xi_perp - v_dot_xi.unsqueeze(-1) * u2

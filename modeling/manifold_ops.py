@@ -19,8 +19,32 @@ import math
 import torch
 from torch import Tensor
 
-from . import ambient as amb
-from . import geometry as geo
+from .ambient import (
+    boost as ambient_boost,
+    centroid as ambient_centroid,
+    direct_concat as ambient_direct_concat,
+    from_space as ambient_from_space,
+    gyroadd as ambient_gyroadd,
+    horoshift as ambient_horoshift,
+    pairwise_sq_distance as ambient_pairwise_sq_distance,
+    rotate as ambient_rotate,
+    sq_distance as ambient_sq_distance,
+)
+from .geometry import (
+    boost,
+    centroid,
+    direct_concat,
+    from_space,
+    gyroadd_space,
+    gyrocenter,
+    horoshift,
+    pairwise_sq_distance,
+    rotate,
+    safe_normalize,
+    space,
+    sq_distance,
+    to_ambient,
+)
 
 
 class PolarOps:
@@ -47,7 +71,7 @@ class PolarOps:
         return p[..., 0]
 
     def to_ambient(self, p: Tensor) -> Tensor:
-        return geo.to_ambient(p[..., 0], p[..., 1:], self.k)
+        return to_ambient(p[..., 0], p[..., 1:], self.k)
 
     def unit_coords(self, p: Tensor) -> Tensor:
         """``x / sqrt(k) = (cosh a, sinh a u)``: the input of a Lorentz / Polar fully connected layer."""
@@ -59,10 +83,10 @@ class PolarOps:
         return torch.tanh(p[..., :1] / self.sqrt_k) * p[..., 1:]
 
     def space(self, p: Tensor) -> Tensor:
-        return geo.space(p[..., 0], p[..., 1:], self.k)
+        return space(p[..., 0], p[..., 1:], self.k)
 
     def from_space(self, xs: Tensor) -> Tensor:
-        return self.make(*geo.from_space(xs, self.k))
+        return self.make(*from_space(xs, self.k))
 
     def origin_like(self, p: Tensor) -> Tensor:
         out = torch.zeros_like(p)
@@ -71,39 +95,39 @@ class PolarOps:
 
     # geometry ------------------------------------------------------------------------------
     def sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
-        return geo.sq_distance(p[..., 0], p[..., 1:], q[..., 0], q[..., 1:], self.k)
+        return sq_distance(p[..., 0], p[..., 1:], q[..., 0], q[..., 1:], self.k)
 
     def pairwise_sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
-        return geo.pairwise_sq_distance(p[..., 0], p[..., 1:], q[..., 0], q[..., 1:], self.k)
+        return pairwise_sq_distance(p[..., 0], p[..., 1:], q[..., 0], q[..., 1:], self.k)
 
     def centroid(self, p: Tensor, weights: Tensor) -> Tensor:
         """``p (..., M, n+1)``, ``weights (..., N, M)`` -> ``(..., N, n+1)`` (Eq. 22)."""
-        return self.make(*geo.centroid(p[..., 0], p[..., 1:], weights, self.k))
+        return self.make(*centroid(p[..., 0], p[..., 1:], weights, self.k))
 
     def gyrocenter(self, center: Tensor, p: Tensor) -> Tensor:
         """``(-)center (+) p`` (Eq. 21)."""
-        return self.make(*geo.gyrocenter(center[..., 0], center[..., 1:], p[..., 0], p[..., 1:], self.k))
+        return self.make(*gyrocenter(center[..., 0], center[..., 1:], p[..., 0], p[..., 1:], self.k))
 
     def gyroadd_space(self, bias_space: Tensor, p: Tensor) -> Tensor:
         """``b (+) p`` for a bias point given by its space coordinates (smooth at the origin)."""
-        return self.make(*geo.gyroadd_space(bias_space, p[..., 0], p[..., 1:], self.k))
+        return self.make(*gyroadd_space(bias_space, p[..., 0], p[..., 1:], self.k))
 
     def scale(self, p: Tensor, factor: Tensor) -> Tensor:
         """Gyro scalar multiplication ``t (x) p``: the radius is scaled, the direction kept."""
         return self.make(p[..., 0] * factor, p[..., 1:])
 
     def horoshift(self, p: Tensor, t: Tensor, ideal_axis: int, shift_axis: int) -> Tensor:
-        return self.make(*geo.horoshift(p[..., 0], p[..., 1:], t, ideal_axis, shift_axis, self.k))
+        return self.make(*horoshift(p[..., 0], p[..., 1:], t, ideal_axis, shift_axis, self.k))
 
     def boost(self, p: Tensor, t: Tensor, axis: int) -> Tensor:
-        return self.make(*geo.boost(p[..., 0], p[..., 1:], t, axis, self.k))
+        return self.make(*boost(p[..., 0], p[..., 1:], t, axis, self.k))
 
     def rotate(self, p: Tensor, t: Tensor, axis_a: int, axis_b: int) -> Tensor:
-        return self.make(*geo.rotate(p[..., 0], p[..., 1:], t, axis_a, axis_b))
+        return self.make(*rotate(p[..., 0], p[..., 1:], t, axis_a, axis_b))
 
     def concat_heads(self, p: Tensor) -> Tensor:
         """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)``."""
-        return self.make(*geo.direct_concat(p[..., 0], p[..., 1:], self.k))
+        return self.make(*direct_concat(p[..., 0], p[..., 1:], self.k))
 
 
 class AmbientOps(PolarOps):
@@ -112,14 +136,14 @@ class AmbientOps(PolarOps):
     name = "ambient"
 
     def make(self, r: Tensor, u: Tensor) -> Tensor:  # type: ignore[override]
-        return geo.to_ambient(r, u, self.k)
+        return to_ambient(r, u, self.k)
 
     def radius(self, p: Tensor) -> Tensor:
         """``sqrt(k) arcosh(x_0 / sqrt(k))``, read from the time coordinate as ambient models do."""
         return self.sqrt_k * torch.acosh((p[..., 0] / self.sqrt_k).clamp_min(1.0))
 
     def polar(self, p: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        return self.radius(p), geo.safe_normalize(p[..., 1:])
+        return self.radius(p), safe_normalize(p[..., 1:])
 
     def to_ambient(self, p: Tensor) -> Tensor:
         return p
@@ -134,7 +158,7 @@ class AmbientOps(PolarOps):
         return p[..., 1:]
 
     def from_space(self, xs: Tensor) -> Tensor:
-        return amb.from_space(xs, self.k)
+        return ambient_from_space(xs, self.k)
 
     def origin_like(self, p: Tensor) -> Tensor:
         out = torch.zeros_like(p)
@@ -142,36 +166,36 @@ class AmbientOps(PolarOps):
         return out
 
     def sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
-        return amb.sq_distance(p, q, self.k)
+        return ambient_sq_distance(p, q, self.k)
 
     def pairwise_sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
-        return amb.pairwise_sq_distance(p, q, self.k)
+        return ambient_pairwise_sq_distance(p, q, self.k)
 
     def centroid(self, p: Tensor, weights: Tensor) -> Tensor:
-        return amb.centroid(p, weights, self.k)
+        return ambient_centroid(p, weights, self.k)
 
     def gyrocenter(self, center: Tensor, p: Tensor) -> Tensor:
         negated = torch.cat([center[..., :1], -center[..., 1:]], dim=-1)
-        return amb.gyroadd(negated.expand_as(p), p, self.k)
+        return ambient_gyroadd(negated.expand_as(p), p, self.k)
 
     def gyroadd_space(self, bias_space: Tensor, p: Tensor) -> Tensor:
-        return amb.gyroadd(amb.from_space(bias_space, self.k).expand_as(p), p, self.k)
+        return ambient_gyroadd(ambient_from_space(bias_space, self.k).expand_as(p), p, self.k)
 
     def scale(self, p: Tensor, factor: Tensor) -> Tensor:
         r, u = self.polar(p)
         return self.make(r * factor, u)
 
     def horoshift(self, p: Tensor, t: Tensor, ideal_axis: int, shift_axis: int) -> Tensor:
-        return amb.horoshift(p, t, ideal_axis, shift_axis, self.k)
+        return ambient_horoshift(p, t, ideal_axis, shift_axis, self.k)
 
     def boost(self, p: Tensor, t: Tensor, axis: int) -> Tensor:
-        return amb.boost(p, t, axis, self.k)
+        return ambient_boost(p, t, axis, self.k)
 
     def rotate(self, p: Tensor, t: Tensor, axis_a: int, axis_b: int) -> Tensor:
-        return amb.rotate(p, t, axis_a, axis_b)
+        return ambient_rotate(p, t, axis_a, axis_b)
 
     def concat_heads(self, p: Tensor) -> Tensor:
-        return amb.direct_concat(p, self.k)
+        return ambient_direct_concat(p, self.k)
 
 
 def make_ops(arithmetic: str, k: float) -> PolarOps:

@@ -29,7 +29,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
-from . import geometry as geo
+from .geometry import asinh_exp, cosh_sinhc_sq, perp, safe_normalize
 from .attention import polar_attention
 from .configuration_polar_vit import POSITION_AXES, PolarViTConfig
 from .manifold_ops import PolarOps, make_ops
@@ -123,7 +123,7 @@ class PolarFC(nn.Module):
             )
         else:
             log_radius = log_norm
-        out = ops.make(self.sqrt_k * geo.asinh_exp(log_radius), geo.safe_normalize(h))
+        out = ops.make(self.sqrt_k * asinh_exp(log_radius), safe_normalize(h))
         return out if self.num_heads else out.squeeze(-2)
 
 
@@ -306,12 +306,12 @@ class PolarResidual(nn.Module):
         a, b = r / self.sqrt_k, r_f / self.sqrt_k
         if strength is not None:
             b = b * strength
-        v_perp, _, _ = geo._perp(v, u)
+        v_perp, _, _ = perp(v, u)
         b_par = b * (u * v).sum(-1)
         perp_step = (self.alpha * b).unsqueeze(-1) * v_perp  # alpha b_perp v_perp_hat
         a_new = a + self.alpha * (b_par - b_par.mean(-1, keepdim=True))
-        _, sinhc = geo._cosh_sinhc_sq(perp_step.square().sum(-1))
-        direction = geo.safe_normalize(torch.tanh(a).unsqueeze(-1) * u + sinhc.unsqueeze(-1) * perp_step)
+        _, sinhc = cosh_sinhc_sq(perp_step.square().sum(-1))
+        direction = safe_normalize(torch.tanh(a).unsqueeze(-1) * u + sinhc.unsqueeze(-1) * perp_step)
         flip = torch.where(a_new < 0, -1.0, 1.0).to(direction.dtype).unsqueeze(-1)
         return ops.make(self.sqrt_k * a_new.abs(), flip * direction)
 
@@ -419,7 +419,7 @@ class PolarViTEmbeddings(nn.Module):
         patches = pixel_values.reshape(batch, channels, grid[0], size, grid[1], size)
         patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(batch, grid[0] * grid[1], -1)
         radius = torch.linalg.vector_norm(patches, dim=-1) / math.sqrt(patches.shape[-1])
-        tokens = self.patch_projection(ops.make(radius, geo.safe_normalize(patches)), ops)
+        tokens = self.patch_projection(ops.make(radius, safe_normalize(patches)), ops)
         positions = self.positions(grid, interpolate_pos_encoding, tokens.dtype)
         if positions is not None:
             tokens = ops.from_space(ops.space(tokens) + positions)
@@ -530,9 +530,42 @@ class PolarViTPreTrainedModel(PreTrainedModel):
             if module.bias is not None:
                 init.zeros_(module.bias)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained`` plus the complete ``auto_map`` for remote code.
+
+        transformers records only the saved class in ``config.json``'s ``auto_map``; Polar-ViT folders
+        list ``AutoConfig``, ``AutoModel`` and ``AutoModelForImageClassification`` so any of them
+        loads with ``trust_remote_code=True`` where ``polar_vit_hf`` is not installed.
+        """
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            complete_auto_map(save_directory)
+        return result
+
     def manifold_parameter_names(self) -> list[str]:
         """Names of the parameters that are points of the manifold (stored as space coordinates)."""
         return [name for name, _ in self.named_parameters() if name.endswith(MANIFOLD_PARAMETER_SUFFIXES)]
+
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_polar_vit.PolarViTConfig",
+    "AutoModel": "modeling_polar_vit.PolarViTModel",
+    "AutoModelForImageClassification": "modeling_polar_vit.PolarViTForImageClassification",
+}
+
+
+def complete_auto_map(save_directory) -> None:
+    """Write every Polar-ViT Auto class into ``config.json``'s ``auto_map`` (keeps other entries)."""
+    import json
+    import os
+
+    path = os.path.join(save_directory, "config.json")
+    with open(path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config["auto_map"] = {**config.get("auto_map", {}), **AUTO_MAP}
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=2, sort_keys=True)
+        handle.write("\n")
 
 
 def _check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> None:
@@ -671,6 +704,7 @@ class PolarViTForImageClassification(PolarViTPreTrainedModel):
 
 
 __all__ = [
+    "AUTO_MAP",
     "MANIFOLD_PARAMETER_SUFFIXES",
     "POLAR_FC_RADIUS_PARAMETERS",
     "SCALE_PARAMETER_SUFFIXES",

@@ -1,0 +1,294 @@
+"""PolarViT as a transformers model: config, layers, arithmetics, switches, HF behaviour, bad inputs."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import polar_vit_hf as P
+from polar_vit_hf.geometry import input_checks
+from polar_vit_hf.modeling.manifold_ops import PolarOps
+from polar_vit_hf.modeling.modeling_polar_vit import PolarFC
+
+F64 = torch.float64
+
+SWITCHES = [
+    dict(relative_position="horoshift"),
+    dict(relative_position="boost"),
+    dict(relative_position="rotation"),
+    dict(relative_position="none"),
+    dict(residual="space"),
+    dict(residual="lorentz_midpoint"),
+    dict(linear="lorentz"),
+    dict(readout="cls"),
+    dict(head="poincare_mlr"),
+    dict(head="tangent_linear"),
+    dict(position_embedding="sincos"),
+    dict(position_embedding="none"),
+    dict(k=0.5),
+]
+
+
+def demo_config(**overrides) -> P.PolarViTConfig:
+    return P.PolarViTConfig.from_preset("demo", **overrides)
+
+
+def small_model(**overrides) -> P.PolarViTForImageClassification:
+    torch.manual_seed(0)
+    return P.PolarViTForImageClassification(demo_config(**overrides))
+
+
+# --------------------------------------------------------------------------------------------
+# configuration
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(hidden_size=50, num_attention_heads=4), "hidden_size"),
+        (dict(hidden_size=12, num_attention_heads=4), "relative_position"),
+        (dict(k=0.0), "k"),
+        (dict(k=-2.0), "k"),
+        (dict(k=float("nan")), "k"),
+        (dict(relative_position="alibi"), "relative_position"),
+        (dict(residual="add"), "residual"),
+        (dict(linear="dense"), "linear"),
+        (dict(readout="mean"), "readout"),
+        (dict(head="softmax"), "head"),
+        (dict(arithmetic="mixed"), "arithmetic"),
+        (dict(position_embedding="rope"), "position_embedding"),
+        (dict(image_size=30, patch_size=8), "image_size"),
+        (dict(num_hidden_layers=0), "num_hidden_layers"),
+        (dict(drop_path_rate=1.0), "drop_path_rate"),
+        (dict(polar_attn_implementation="flash"), "polar_attn_implementation"),
+    ],
+)
+def test_invalid_configs_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        demo_config(**kwargs)
+
+
+def test_head_width_without_positional_axes_is_allowed():
+    config = demo_config(hidden_size=12, num_attention_heads=4, intermediate_size=24, relative_position="none")
+    assert config.head_dim == 3
+
+
+def test_presets_and_overrides():
+    config = P.PolarViTConfig.from_preset("small", num_labels=7, k=2.0)
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (384, 12, 6)
+    assert config.position_embedding == "sincos" and config.num_labels == 7 and config.k == 2.0
+    with pytest.raises(ValueError, match="unknown preset"):
+        P.PolarViTConfig.from_preset("huge")
+    round_trip = P.PolarViTConfig.from_dict(config.to_dict())
+    assert round_trip.to_dict() == config.to_dict()
+
+
+def test_polar_fc_parameter_count_and_anchor():
+    """Eq. 8: n'(n+1) + n + 3 parameters; at the anchor sinh a' = ||h|| (the Lorentz FC)."""
+    layer = PolarFC(7, 5)
+    torch.nn.init.normal_(layer.weight)
+    assert sum(p.numel() for p in layer.parameters()) == 5 * 8 + 7 + 3
+    lorentz = PolarFC(7, 5, radius_rule=False)
+    assert sum(p.numel() for p in lorentz.parameters()) == 5 * 8
+    ops = PolarOps()
+    gen = torch.Generator().manual_seed(0)
+    r = torch.rand(4, dtype=F64, generator=gen) * 3
+    u = torch.nn.functional.normalize(torch.randn(4, 7, dtype=F64, generator=gen), dim=-1)
+    layer = layer.double()
+    out = layer(ops.make(r, u), ops)
+    h = ops.unit_coords(ops.make(r, u)) @ layer.weight.t()
+    assert torch.allclose(torch.sinh(out[..., 0]), h.norm(dim=-1), rtol=1e-12)
+    assert torch.allclose(out[..., 1:], h / h.norm(dim=-1, keepdim=True), atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# polar vs ambient arithmetic
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides", SWITCHES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_polar_and_ambient_models_agree_in_float64(overrides):
+    model = small_model(**overrides).double().eval()
+    with torch.no_grad():
+        model.classifier.weight.normal_(0, 1.0) if hasattr(model.classifier, "weight") else None
+    x = torch.randn(3, 3, 32, 32, dtype=F64)
+    polar = model(x).logits
+    model.set_arithmetic("ambient")
+    ambient = model(x).logits
+    assert torch.allclose(polar, ambient, rtol=0, atol=1e-10)
+    assert polar.abs().max() > 1e-3
+
+
+def test_state_dict_of_one_arithmetic_loads_into_the_other():
+    polar = small_model()
+    ambient = small_model(arithmetic="ambient")
+    ambient.load_state_dict(polar.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(polar.double()(x.double()).logits, ambient.double()(x.double()).logits, atol=1e-10)
+
+
+def _drive_to_radius_12(model: P.PolarViTForImageClassification) -> None:
+    """Embeddings at radius 12 with geodesic spread ~4 via the patch Polar-FC's radius bias."""
+    with torch.no_grad():
+        model.classifier.weight.normal_(0, 1.0)
+        projection = model.polar_vit.embeddings.patch_projection
+        projection.weight[:, 1:].mul_(3e-4 / math.sinh(2.0))
+        projection.norm_power.zero_()
+        projection.radius_bias.fill_(math.log(math.sinh(12.0)))
+        model.polar_vit.embeddings.position_embeddings.zero_()
+
+
+def test_at_radius_12_polar_float32_stays_accurate_and_ambient_fails():
+    model = small_model().eval()
+    _drive_to_radius_12(model)
+    x = torch.randn(4, 3, 32, 32)
+    reference = copy.deepcopy(model).double()
+    hidden = reference.polar_vit(x.double(), output_hidden_states=True).hidden_states[0]
+    radius = P.geometry.from_ambient(hidden)[0]
+    assert torch.allclose(radius, torch.full_like(radius, 12.0), atol=1e-6)
+    expected = reference(x.double()).logits
+    polar = model(x).logits.double()
+    assert torch.isfinite(polar).all()
+    assert (polar - expected).abs().max() < 0.02 * expected.abs().max()
+    assert (polar.argmax(-1) == expected.argmax(-1)).all()
+    model.set_arithmetic("ambient")
+    with input_checks(False):
+        ambient = model(x).logits.double()
+    broken = ~torch.isfinite(ambient) | ((ambient - expected).abs() > 0.5 * expected.abs().max())
+    assert broken.any()
+
+
+# --------------------------------------------------------------------------------------------
+# every switch value trains
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides", SWITCHES + [dict(arithmetic="ambient"), dict(drop_path_rate=0.3)],
+                         ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_every_switch_runs_forward_and_backward(overrides):
+    model = small_model(**overrides).train()
+    x = torch.randn(4, 3, 32, 32)
+    out = model(x, labels=torch.tensor([0, 1, 2, 3]))
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, name
+        assert torch.isfinite(param.grad).all(), name
+
+
+# --------------------------------------------------------------------------------------------
+# standard transformers behaviour
+# --------------------------------------------------------------------------------------------
+def test_outputs_hidden_states_attentions_and_polar_view():
+    model = small_model().eval()
+    config = model.config
+    x = torch.randn(2, 3, 32, 32)
+    out = model.polar_vit(x, output_hidden_states=True, output_attentions=True)
+    tokens = config.num_patches
+    assert out.last_hidden_state.shape == (2, tokens, config.hidden_size + 1)
+    assert out.pooler_output.shape == (2, config.hidden_size + 1)
+    assert len(out.hidden_states) == config.num_hidden_layers + 1
+    assert len(out.attentions) == config.num_hidden_layers
+    assert out.attentions[0].shape == (2, config.num_attention_heads, tokens, tokens)
+    assert torch.allclose(out.attentions[0].sum(-1), torch.ones(2, config.num_attention_heads, tokens))
+    # the ambient tensor is on the hyperboloid and agrees with the polar view
+    x_amb = out.last_hidden_state.double()
+    inner = -x_amb[..., 0] ** 2 + (x_amb[..., 1:] ** 2).sum(-1)
+    assert torch.allclose(inner, torch.full_like(inner, -config.k), rtol=1e-4)
+    r, u = out.last_hidden_polar[..., 0], out.last_hidden_polar[..., 1:]
+    assert torch.allclose(P.geometry.to_ambient(r, u, config.k), out.last_hidden_state, rtol=1e-5, atol=1e-5)
+    as_tuple = model(x, return_dict=False)
+    assert torch.equal(as_tuple[0], model(x).logits)
+
+
+def test_labels_give_a_loss_and_id2label_is_kept():
+    model = small_model(id2label={i: f"digit-{i}" for i in range(10)})
+    out = model(torch.randn(3, 3, 32, 32), labels=torch.tensor([1, 2, 3]))
+    assert out.loss.ndim == 0 and out.logits.shape == (3, 10)
+    assert model.config.id2label[3] == "digit-3" and model.config.label2id["digit-3"] == 3
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
+    model = small_model()
+    model(x, labels=y).loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.activation_checkpointing_enable()
+    model.train()
+    model(x, labels=y).loss.backward()
+    for name, param in model.named_parameters():
+        assert torch.allclose(param.grad, expected[name], atol=1e-6), name
+
+
+def test_other_image_sizes_need_interpolation_for_learned_positions():
+    model = small_model().eval()
+    with pytest.raises(ValueError, match="interpolate_pos_encoding"):
+        model(torch.randn(1, 3, 48, 48))
+    out = model(torch.randn(1, 3, 48, 48), interpolate_pos_encoding=True)
+    assert out.logits.shape == (1, 10)
+    # interpolating to the training size is the identity
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.allclose(model(x, interpolate_pos_encoding=True).logits, model(x).logits)
+    sincos = small_model(position_embedding="sincos").eval()
+    assert sincos(torch.randn(1, 3, 40, 24)).logits.shape == (1, 10)
+
+
+def test_bad_inputs_raise_clear_errors():
+    model = small_model().eval()
+    with pytest.raises(ValueError, match="channels"):
+        model(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match="patch_size"):
+        model(torch.randn(1, 3, 30, 30))
+    with pytest.raises(ValueError, match=r"shape \(batch, channels, height, width\)"):
+        model(torch.randn(3, 32, 32))
+    bad = torch.randn(1, 3, 32, 32)
+    bad[0, 1, 2, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        model(bad)
+    with pytest.raises(ValueError, match="pixel_values"):
+        model(None)
+
+
+def test_bf16_autocast_runs_the_polar_arithmetic_in_float32():
+    model = small_model().eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x, output_hidden_states=True)
+    assert out.logits.dtype == torch.float32
+    assert all(h.dtype == torch.float32 for h in out.hidden_states)
+    assert torch.allclose(out.logits, model(x).logits, atol=1e-6)
+
+
+def test_torch_compile_matches_eager():
+    """One graph, no breaks (checked by ``torch._dynamo.explain`` during development); a 1-layer model keeps it quick."""
+    model = small_model(num_hidden_layers=1).eval()
+    x = torch.randn(2, 3, 32, 32)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert torch.allclose(compiled(x).logits, model(x).logits, atol=1e-5)
+
+
+def test_manifold_parameters_are_named_plain_parameters():
+    model = small_model(readout="cls")
+    names = model.manifold_parameter_names()
+    assert "polar_vit.embeddings.cls_token" in names
+    assert "polar_vit.norm.bias_point" in names
+    assert sum(name.endswith("attention_norm.bias_point") for name in names) == model.config.num_hidden_layers
+    params = dict(model.named_parameters())
+    assert all(type(params[name]) is torch.nn.Parameter for name in names)
+
+
+def test_initialisation_follows_appendix_d2():
+    model = small_model()
+    config = model.config
+    layer = model.polar_vit.layers[0]
+    gain = math.exp(layer.attention_norm.log_gain.item())
+    assert math.isclose(gain, math.sqrt(config.k) * math.asinh(math.sqrt(config.hidden_size / config.k)), rel_tol=1e-6)
+    assert torch.all(layer.attention_norm.bias_point == 0)
+    assert math.isclose(layer.attention_residual.alpha.item(), 0.1, rel_tol=1e-6)
+    q = layer.attention.q_proj.weight
+    assert torch.allclose(q @ q.t(), torch.eye(q.shape[0]), atol=1e-5)  # orthogonal rows
+    fc = layer.mlp.fc1
+    assert torch.all(fc.norm_power == 1) and torch.all(fc.radius_weight == 0)
+    assert torch.all(fc.klein_weight == 0) and torch.all(fc.radius_bias == 0)
+    rates = layer.attention.position.rates
+    assert math.isclose(rates.min().item(), 0.5, rel_tol=1e-5) and math.isclose(rates.max().item(), 4.0, rel_tol=1e-5)
