@@ -64,7 +64,6 @@ __all__ = [
 ]
 
 _INPUT_CHECKS = {"enabled": True}
-_PAIRWISE_BLOCK_ELEMENTS = 1 << 22  # transient (block, M, n) difference tensor of pairwise_chord
 _SERIES_C = 1e-4  # below this c (Eq. 5), asinh(s)/s uses its Taylor series
 
 
@@ -291,8 +290,8 @@ def chord(u: Tensor, v: Tensor) -> Tensor:
 class _PairwiseChord(torch.autograd.Function):
     """``C[..., i, j] = 1/2 ||u_i - v_j||^2`` with the closed-form backward of Eq. 25.
 
-    The forward pass forms the exact differences ``u_i - v_j`` block by block (never
-    ``1 - u.v``) and keeps none of them; the backward pass is
+    The forward pass evaluates the exact differences ``u_i - v_j`` (``torch.cdist`` without its
+    matrix-product shortcut; never ``1 - u.v``) and keeps none of them; the backward pass is
 
         dJ/du_i = (u_i - vbar) sum_j g_ij - sum_j g_ij (v_j - vbar)
         dJ/dv_j = (v_j - vbar) sum_i g_ij - sum_i g_ij (u_i - vbar)
@@ -306,15 +305,10 @@ class _PairwiseChord(torch.autograd.Function):
         batch = torch.broadcast_shapes(u.shape[:-2], v.shape[:-2])
         ue = u.expand(*batch, *u.shape[-2:])
         ve = v.expand(*batch, *v.shape[-2:])
-        n_rows, n_cols, dim = ue.shape[-2], ve.shape[-2], ue.shape[-1]
-        per_row = max(1, n_cols * dim * math.prod(batch))
-        block = max(1, _PAIRWISE_BLOCK_ELEMENTS // per_row)
-        out = ue.new_empty(*batch, n_rows, n_cols)
-        for start in range(0, n_rows, block):
-            diff = ue[..., start : start + block, None, :] - ve[..., None, :, :]
-            out[..., start : start + block, :] = 0.5 * diff.square().sum(-1)
+        # cdist's difference form: ||u_i - v_j|| from the exact differences, fused, nothing stored
+        dist = torch.cdist(ue, ve, compute_mode="donot_use_mm_for_euclid_dist")
         ctx.save_for_backward(u, v)
-        return out
+        return 0.5 * dist.square()
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102

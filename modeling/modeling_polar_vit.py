@@ -386,18 +386,16 @@ class PolarViTEmbeddings(nn.Module):
         self.position_embeddings = None
         if config.position_embedding == "learned":
             self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches, config.hidden_size))
-        elif config.position_embedding == "sincos":
-            self.register_buffer("sincos", sincos_positions(config.hidden_size, self.grid)[None], persistent=False)
         self.cls_token = nn.Parameter(torch.zeros(config.hidden_size)) if config.readout == "cls" else None
 
-    def positions(self, grid: tuple[int, int], interpolate: bool, dtype: torch.dtype) -> Tensor | None:
+    def positions(self, grid: tuple[int, int], dtype: torch.dtype) -> Tensor | None:
         """Position table for ``grid``; learned tables are bicubically interpolated when asked to."""
         kind = self.config.position_embedding
         if kind == "none":
             return None
-        if kind == "sincos":
-            table = self.sincos if grid == self.grid else sincos_positions(self.config.hidden_size, grid)[None]
-            return table.to(device=self.sincos.device, dtype=dtype)
+        if kind == "sincos":  # computed on the fly: cheap, and never a stale buffer after meta-device loading
+            device = self.patch_projection.weight.device
+            return sincos_positions(self.config.hidden_size, grid)[None].to(device=device, dtype=dtype)
         table = self.position_embeddings
         if grid != self.grid:
             n = table.shape[-1]
@@ -420,7 +418,7 @@ class PolarViTEmbeddings(nn.Module):
         patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(batch, grid[0] * grid[1], -1)
         radius = torch.linalg.vector_norm(patches, dim=-1) / math.sqrt(patches.shape[-1])
         tokens = self.patch_projection(ops.make(radius, safe_normalize(patches)), ops)
-        positions = self.positions(grid, interpolate_pos_encoding, tokens.dtype)
+        positions = self.positions(grid, tokens.dtype)
         if positions is not None:
             tokens = ops.from_space(ops.space(tokens) + positions)
         num_prefix = 0
@@ -592,7 +590,8 @@ class PolarViTModel(PolarViTPreTrainedModel):
         super().__init__(config)
         self.ops = make_ops(config.arithmetic, config.k)
         self.embeddings = PolarViTEmbeddings(config)
-        rates = torch.linspace(0.0, config.drop_path_rate, config.num_hidden_layers).tolist()
+        depth = config.num_hidden_layers
+        rates = [config.drop_path_rate * i / max(1, depth - 1) for i in range(depth)]
         self.layers = nn.ModuleList([PolarViTLayer(config, rate) for rate in rates])
         self.norm = GyroLayerNorm(config.hidden_size, config.k, config.layer_norm_eps)
         self.gradient_checkpointing = False

@@ -1,0 +1,155 @@
+"""Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
+
+Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile]
+
+Each model runs in its own subprocess (so peak memory is measured cleanly: the growth of the
+process's peak resident set over the training steps, from just before the first one); times are the median of ``--repeats``
+steps after ``--warmup`` steps; ratios are taken within this one run.  The Euclidean model is
+transformers' ``ViTForImageClassification`` with the same depth, width, MLP width, heads and patch
+size.  Writes ``step_time.csv`` and ``step_time.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODELS = ("euclidean", "ambient", "polar")
+
+
+def _rss_peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Time one model; prints a JSON line."""
+    import torch
+
+    import polar_vit_hf as P
+    from polar_vit_hf.baselines import euclidean_vit
+
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    config = P.PolarViTConfig.from_preset(args.preset, num_labels=100)
+    if args.model == "euclidean":
+        model = euclidean_vit(config)
+    else:
+        config.arithmetic = args.model
+        model = P.PolarViTForImageClassification(config)
+        P.geometry.set_input_checks(False)  # training loops validate inputs once, not per operation
+    model.train()
+    pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size)
+    labels = torch.randint(0, 100, (args.batch,))
+    step_fn = torch.compile(model) if args.compile else model
+
+    def step() -> None:
+        loss = step_fn(pixel_values=pixels, labels=labels).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    before = _rss_peak_mib()  # after building the model and the batch, before any step
+    for _ in range(args.warmup):
+        step()
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    print(json.dumps({
+        "model": args.model,
+        "median_s": statistics.median(times),
+        "times": times,
+        "peak_rss_mib": _rss_peak_mib(),
+        "peak_growth_mib": max(0.0, _rss_peak_mib() - before),
+        "params": sum(p.numel() for p in model.parameters()),
+    }))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny-cifar")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--compile", action="store_true", help="torch.compile every model (long compile on CPU)")
+    parser.add_argument("--out", default="outputs/step_time")
+    parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.model:
+        worker(args)
+        return 0
+
+    from tqdm.auto import tqdm
+
+    results = {}
+    for name in tqdm(MODELS, desc="models", unit="model"):
+        command = [sys.executable, __file__, "--model", name, "--preset", args.preset, "--batch", str(args.batch),
+                   "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+        if args.compile:
+            command.append("--compile")
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode != 0:
+            print(done.stderr[-3000:], file=sys.stderr)
+            return done.returncode
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+
+    base = results["euclidean"]["median_s"]
+    print(f"\n{args.preset}, batch {args.batch}, forward + backward, {args.threads} CPU threads, "
+          f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}")
+    print(f"{'model':<34} {'params':>10} {'time / step':>12} {'vs Euclidean':>13} {'peak RSS growth':>16}")
+    labels = {"euclidean": "Euclidean ViT (transformers)", "ambient": "Polar-ViT, ambient arithmetic",
+              "polar": "Polar-ViT, polar arithmetic"}
+    for name in MODELS:
+        r = results[name]
+        print(f"{labels[name]:<34} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {r['median_s'] / base:>12.2f}x "
+              f"{r['peak_growth_mib']:>12.0f} MiB")
+    print(f"polar / ambient: {results['polar']['median_s'] / results['ambient']['median_s']:.2f}x")
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "step_time.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["model", "params", "median_s", "peak_growth_mib"])
+        for name in MODELS:
+            writer.writerow([name, results[name]["params"], results[name]["median_s"], results[name]["peak_growth_mib"]])
+    plot(results, labels, out / "step_time.png", args)
+    print(f"wrote {out / 'step_time.csv'} and {out / 'step_time.png'}")
+    return 0
+
+
+def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    names = list(MODELS)
+    colors = ["tab:gray", "tab:red", "tab:blue"]
+    axes[0].bar([labels[n] for n in names], [results[n]["median_s"] * 1e3 for n in names], color=colors)
+    axes[0].set_ylabel("ms / step (fwd + bwd)")
+    axes[1].bar([labels[n] for n in names], [results[n]["peak_growth_mib"] for n in names], color=colors)
+    axes[1].set_ylabel("peak RSS growth (MiB)")
+    for ax in axes:
+        ax.tick_params(axis="x", labelrotation=15, labelsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{args.preset}, batch {args.batch}, CPU ({'compiled' if args.compile else 'eager'})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
