@@ -8,14 +8,19 @@ softmax weights.
 
 from __future__ import annotations
 
+import math
 from typing import Union
 
 import torch
 from torch import Tensor
 
-from .geometry import centroid, pairwise_sq_distance
+from .geometry import asinh_exp, asinhc_half, centroid, pairwise_sq_distance, safe_normalize, sq_distance_from_c
+from .triton_attention import TRITON_AVAILABLE, triton_polar_attention
 
-IMPLEMENTATIONS = ("eager",)
+IMPLEMENTATIONS = ("eager", "chunked", "triton")
+DEFAULT_BLOCK = 128
+# ``auto`` on CPU: sequences at least this long use the chunked path (measured: benchmarks/attention.py)
+CHUNKED_MIN_TOKENS = 512
 
 Scale = Union[float, Tensor]
 
@@ -54,6 +59,193 @@ def eager_polar_attention(
     return r, u, probs
 
 
+# ------------------------------------------------------------------------------------------------
+# chunked: online softmax over key blocks, O(N * block) memory, recomputing backward
+# ------------------------------------------------------------------------------------------------
+def _chord(u: Tensor, v: Tensor) -> Tensor:
+    """Exact pairwise chords ``1/2 ||u_i - v_j||^2`` from the differences (no gradient tracking)."""
+    return 0.5 * torch.cdist(u, v, compute_mode="donot_use_mm_for_euclid_dist").square()
+
+
+def _row_chord(u: Tensor, v: Tensor) -> Tensor:
+    return 0.5 * (u - v).square().sum(-1)
+
+
+def _haversine_block(a: Tensor, uq: Tensor, b: Tensor, uk: Tensor) -> tuple[Tensor, Tensor]:
+    """``c`` of Eq. 5 for all query/key pairs of a block and the chord it used."""
+    chord = _chord(uq, uk)
+    a, b = a.unsqueeze(-1), b.unsqueeze(-2)
+    return 2.0 * torch.sinh(0.5 * (a - b)).square() + torch.sinh(a) * torch.sinh(b) * chord, chord
+
+
+def row_gradients(grad_r: Tensor, grad_u: Tensor, stats: Tensor, a_mu: Tensor, u_hat: Tensor, k: float):
+    """Per-row partials of the attention output with respect to the softmax-normalised sums.
+
+    ``stats`` holds ``(m, l, T, E, S, ||V||)`` per row (sums divided by the softmax denominator ``l``).
+    With ``l_rad = ln ||V|| - 1/2 ln(E + S) - 1/2 ln(T + ||V||)`` (Eq. 22) and ``d a_mu / d l_rad =
+    tanh(a_mu)``, returns ``(g_T, g_E, g_S, g_V, sum_j p_ij g_p_ij)``; the last one is the row
+    constant of the softmax backward, ``g_T T + g_V . V + g_E E + g_S S``.
+    """
+    _, _, big_t, big_e, big_s, v_norm = stats
+    degenerate = v_norm <= 0
+    v_safe = torch.where(degenerate, torch.ones_like(v_norm), v_norm)
+    g_l = torch.where(degenerate, torch.zeros_like(a_mu), grad_r * math.sqrt(k) * torch.tanh(a_mu))
+    g_t = -0.5 * g_l / (big_t + v_norm)
+    g_e = -0.5 * g_l / (big_e + big_s)
+    radial = g_l * (1.0 / v_safe - 0.5 / (big_t + v_norm))
+    tangential = (grad_u - (grad_u * u_hat).sum(-1, keepdim=True) * u_hat) / v_safe.unsqueeze(-1)
+    g_v = radial.unsqueeze(-1) * u_hat + torch.where(degenerate.unsqueeze(-1), 0.0, tangential)
+    row_dot = g_t * big_t + (g_v * u_hat).sum(-1) * v_norm + g_e * (big_e + big_s)
+    return g_t, g_e, g_e, g_v, row_dot
+
+
+class _ChunkedPolarAttention(torch.autograd.Function):
+    r"""Polar attention with an online softmax over key blocks and an exact single-pass centroid.
+
+    Forward, per query row and key block ``J`` with running max ``m`` (weights ``w_j = e^{s_j - m}``):
+    ``T, E, V`` and the normaliser are rescaled by ``e^{m_old - m_new}`` and accumulated as in
+    FlashAttention.  The angular term ``S = sum_j w_j sinh b_j 1/2 ||v_j - u_hat||^2`` needs the
+    final direction ``u_hat``; it is carried exactly through the blocks with the identity (for unit
+    ``v_j``, ``X`` and ``u_hat = V / ||V||``)
+
+        ``sum_j w_j sinh b_j 1/2 ||v_j - X||^2 = S(u_hat) + ||V|| 1/2 ||u_hat - X||^2``
+
+    (proof: the difference of the two sides is ``sum w sinh b (v.u_hat - v.X) = V.(u_hat - X) =
+    ||V|| (1 - u_hat.X)``).  Chords are exact differences (``torch.cdist``), never ``1 - u.v``.  With ``X = u_hat_new`` after the block:
+
+        ``S_new = S_old + ||V_old|| 1/2 ||u_hat_old - u_hat_new||^2 + sum_{j in J} w_j sinh b_j 1/2 ||v_j - u_hat_new||^2``,
+
+    a sum of non-negative terms, so ``S`` keeps full relative precision; the radius then follows
+    Eq. 22.  Backward recomputes the scores block by block from the saved row statistics; ``S``
+    is stationary in ``u_hat``, so ``u_hat`` is held fixed in its derivative (envelope theorem).
+    The softmax row constant ``sum_j p_ij dL/dp_ij`` is summed in a first pass from the same
+    recomputed values the second pass uses (not formed analytically), so it cancels exactly where
+    the true score gradient vanishes (e.g. identical keys) instead of leaving ``eps cosh(b)`` noise.
+    No tensor with ``N * N * d`` elements exists; the largest temporaries are ``(B, H, N, block)``.
+    """
+
+    @staticmethod
+    def forward(ctx, rq, uq, rk, uk, rv, uv, scale, k, block):  # noqa: D102
+        sk = math.sqrt(k)
+        a_q, a_k, b_v = rq / sk, rk / sk, rv / sk
+        scale_v = scale.view(1, -1, 1, 1)
+        batch, heads, n_q, dim = uq.shape
+        m = torch.full((batch, heads, n_q), float("-inf"), dtype=uq.dtype, device=uq.device)
+        norm = torch.zeros_like(m)
+        big_t, big_e, big_s = torch.zeros_like(m), torch.zeros_like(m), torch.zeros_like(m)
+        big_v = uq.new_zeros(batch, heads, n_q, uv.shape[-1])
+        u_hat = torch.zeros_like(big_v)
+        sinh_b, cosh_b, exp_b = torch.sinh(b_v), torch.cosh(b_v), torch.exp(-b_v)
+        for start in range(0, uk.shape[2], block):
+            blk = slice(start, start + block)
+            c, _ = _haversine_block(a_q, uq, a_k[:, :, blk], uk[:, :, blk])
+            scores = -scale_v * sq_distance_from_c(c, k)
+            m_new = torch.maximum(m, scores.amax(-1))
+            alpha = torch.exp(m - m_new)
+            e = torch.exp(scores - m_new.unsqueeze(-1))
+            w = e * sinh_b[:, :, None, blk]
+            norm = norm * alpha + e.sum(-1)
+            big_t = big_t * alpha + (e * cosh_b[:, :, None, blk]).sum(-1)
+            big_e = big_e * alpha + (e * exp_b[:, :, None, blk]).sum(-1)
+            v_old_norm = torch.linalg.vector_norm(big_v, dim=-1) * alpha
+            big_v = big_v * alpha.unsqueeze(-1) + w @ uv[:, :, blk]
+            u_new = safe_normalize(big_v)
+            big_s = (big_s * alpha + v_old_norm * _row_chord(u_hat, u_new)
+                     + (w * _chord(u_new, uv[:, :, blk])).sum(-1))
+            u_hat, m = u_new, m_new
+        v_norm = torch.linalg.vector_norm(big_v, dim=-1)
+        degenerate = v_norm <= 0
+        v_safe = torch.where(degenerate, torch.ones_like(v_norm), v_norm)
+        log_sinh = torch.log(v_safe) - 0.5 * torch.log(big_e + big_s) - 0.5 * torch.log(big_t + v_norm)
+        a_mu = torch.where(degenerate, torch.zeros_like(log_sinh), asinh_exp(log_sinh))
+        stats = torch.stack([m, norm, big_t / norm, big_e / norm, big_s / norm, v_norm / norm])
+        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, stats, a_mu, u_hat)
+        ctx.k, ctx.block = k, block
+        return sk * a_mu, u_hat
+
+    @staticmethod
+    def backward(ctx, grad_r, grad_u):  # noqa: D102
+        rq, uq, rk, uk, rv, uv, scale, stats, a_mu, u_hat = ctx.saved_tensors
+        k, block = ctx.k, ctx.block
+        sk = math.sqrt(k)
+        m, norm = stats[0], stats[1]
+        g_t, g_e, g_s, g_v, _ = row_gradients(grad_r, grad_u, stats, a_mu, u_hat, k)
+        a_q, a_k, b_v = rq / sk, rk / sk, rv / sk
+        scale_v = scale.view(1, -1, 1, 1)
+        sinh_b, cosh_b, exp_b = torch.sinh(b_v), torch.cosh(b_v), torch.exp(-b_v)
+        sinh_a = torch.sinh(a_q)
+
+        def tile(blk: slice):
+            """Recompute one key block: probabilities and dL/dp (``g_S = g_E`` by Eq. 22)."""
+            c, chord_qk = _haversine_block(a_q, uq, a_k[:, :, blk], uk[:, :, blk])
+            d2 = sq_distance_from_c(c, k)
+            p = torch.exp(-scale_v * d2 - m.unsqueeze(-1)) / norm.unsqueeze(-1)
+            chord_v = _chord(u_hat, uv[:, :, blk])
+            sb, cb, eb = sinh_b[:, :, None, blk], cosh_b[:, :, None, blk], exp_b[:, :, None, blk]
+            gv_dot = g_v @ uv[:, :, blk].transpose(-1, -2)  # (B, H, Nq, bk)
+            g_p = g_t.unsqueeze(-1) * cb + gv_dot * sb + g_e.unsqueeze(-1) * (eb + sb * chord_v)
+            return c, chord_qk, d2, p, chord_v, sb, cb, eb, gv_dot, g_p
+
+        blocks = [slice(start, start + block) for start in range(0, uk.shape[2], block)]
+        # pass 1: the softmax row constant sum_j p_ij dL/dp_ij from the very values pass 2 uses
+        row_dot = sum((t[3] * t[9]).sum(-1) for t in map(tile, blocks))
+        grads = {name: torch.zeros_like(t) for name, t in (("a_q", a_q), ("uq", uq), ("a_k", a_k), ("uk", uk),
+                                                             ("b_v", b_v), ("uv", uv))}
+        g_scale = torch.zeros_like(scale)
+        k_bar = uk.mean(dim=2, keepdim=True)  # centring of the chord gradient (Eq. 25)
+        v_bar = uv.mean(dim=2, keepdim=True)
+        p_q, p_hat = uq - k_bar, u_hat - v_bar
+        for blk in blocks:
+            c, chord_qk, d2, p, chord_v, sb, cb, eb, gv_dot, g_p = tile(blk)
+            g_score = p * (g_p - row_dot.unsqueeze(-1))
+            g_scale -= (g_score * d2).sum(dim=(0, 2, 3))
+            # values: radius and direction
+            grads["b_v"][:, :, blk] += (p * (g_t.unsqueeze(-1) * sb + gv_dot * cb
+                                             + g_e.unsqueeze(-1) * (cb * chord_v - eb))).sum(2)
+            w_s = p * (g_s.unsqueeze(-1) * sb)
+            vb = uv[:, :, blk]
+            grads["uv"][:, :, blk] += (p * sb).transpose(-1, -2) @ g_v + (
+                (vb - v_bar) * w_s.sum(2).unsqueeze(-1) - w_s.transpose(-1, -2) @ p_hat)
+            # scores -> squared distances -> Eq. 5 (with the Eq. 25 chord gradient)
+            g_c = -scale_v * g_score * (2.0 * k) * asinhc_half(c) / torch.sqrt(1.0 + 0.5 * c)
+            a, b = a_q.unsqueeze(-1), a_k[:, :, None, blk]
+            sinh_b_k = torch.sinh(b)
+            grads["a_q"] += (g_c * (torch.sinh(a - b) + torch.cosh(a) * sinh_b_k * chord_qk)).sum(-1)
+            grads["a_k"][:, :, blk] += (g_c * (torch.sinh(b - a) + sinh_a.unsqueeze(-1) * torch.cosh(b) * chord_qk)).sum(2)
+            g_chord = g_c * sinh_a.unsqueeze(-1) * sinh_b_k
+            q_k = uk[:, :, blk] - k_bar
+            grads["uq"] += p_q * g_chord.sum(-1, keepdim=True) - g_chord @ q_k
+            grads["uk"][:, :, blk] += q_k * g_chord.sum(2).unsqueeze(-1) - g_chord.transpose(-1, -2) @ p_q
+        return (grads["a_q"] / sk, grads["uq"], grads["a_k"] / sk, grads["uk"], grads["b_v"] / sk, grads["uv"],
+                g_scale, None, None)
+
+
+def chunked_polar_attention(
+    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Scale, k: float = 1.0,
+    block: int = DEFAULT_BLOCK,
+) -> tuple[Tensor, Tensor]:
+    """Memory-efficient polar attention (``O(N * block)``), exact forward and recomputing backward."""
+    heads = uq.shape[1]
+    scale_h = _scale_tensor(scale, heads, rq).reshape(-1).expand(heads).contiguous()
+    return _ChunkedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale_h, float(k), int(block))
+
+
+def select_implementation(requested: str, output_attentions: bool, device: torch.device, num_tokens: int) -> str:
+    """The implementation ``polar_attn_implementation`` resolves to.
+
+    ``auto``: eager when attention probabilities are requested, Triton on CUDA (when available),
+    chunked on other devices for sequences of at least ``CHUNKED_MIN_TOKENS`` tokens, eager
+    otherwise.  An explicit choice is kept, except that probabilities always need eager.
+    """
+    if output_attentions:
+        return "eager"
+    if requested != "auto":
+        return requested
+    if device.type == "cuda" and TRITON_AVAILABLE:
+        return "triton"
+    return "chunked" if num_tokens >= CHUNKED_MIN_TOKENS else "eager"
+
+
 def polar_attention(
     rq: Tensor,
     uq: Tensor,
@@ -75,8 +267,22 @@ def polar_attention(
     _check_attention_shapes(rq, uq, rk, uk, rv, uv)
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"impl={impl!r} is not one of {IMPLEMENTATIONS}")
-    r, u, probs = eager_polar_attention(rq, uq, rk, uk, rv, uv, scale, k)
-    return (r, u, probs) if return_probs else (r, u)
+    if impl == "eager":
+        r, u, probs = eager_polar_attention(rq, uq, rk, uk, rv, uv, scale, k)
+        return (r, u, probs) if return_probs else (r, u)
+    if return_probs:
+        raise ValueError(f"impl={impl!r} never materialises the attention probabilities; use impl='eager'")
+    if impl == "chunked":
+        return chunked_polar_attention(rq, uq, rk, uk, rv, uv, scale, k)
+    heads = uq.shape[1]
+    scale_h = _scale_tensor(scale, heads, rq).reshape(-1).expand(heads).contiguous()
+    return triton_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k)
 
 
-__all__ = ["IMPLEMENTATIONS", "eager_polar_attention", "polar_attention"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "chunked_polar_attention",
+    "eager_polar_attention",
+    "polar_attention",
+    "select_implementation",
+]

@@ -31,6 +31,7 @@ Curvature = Union[float, Tensor]
 
 __all__ = [
     "asinh_exp",
+    "asinhc_half",
     "boost",
     "busemann_nu",
     "centroid",
@@ -58,6 +59,7 @@ __all__ = [
     "set_input_checks",
     "space",
     "sq_distance",
+    "sq_distance_from_c",
     "tangent_inner",
     "to_ambient",
     "transport",
@@ -156,7 +158,7 @@ def asinh_exp(log_value: Tensor) -> Tensor:
     return torch.where(log_value > 0, large, small)
 
 
-def _asinhc_half(c: Tensor) -> Tensor:
+def asinhc_half(c: Tensor) -> Tensor:
     """``asinh(s) / s`` with ``s = sqrt(c / 2)``, smooth in ``c`` down to ``c = 0``."""
     small = c < _SERIES_C
     c_safe = torch.where(small, torch.ones_like(c), c)
@@ -167,9 +169,9 @@ def _asinhc_half(c: Tensor) -> Tensor:
     return torch.where(small, series, exact)
 
 
-def _sq_dist_from_c(c: Tensor, k: Curvature) -> Tensor:
+def sq_distance_from_c(c: Tensor, k: Curvature) -> Tensor:
     """``d^2 = k (2 asinh(sqrt(c/2)))^2 = 2 k c (asinh(s)/s)^2`` (Eq. 5 with ``cosh D - 1 = c``)."""
-    return (2.0 * k) * c * _asinhc_half(c).square()
+    return (2.0 * k) * c * asinhc_half(c).square()
 
 
 def _dist_from_c(c: Tensor, sqrt_k: Curvature) -> Tensor:
@@ -361,7 +363,7 @@ def sq_distance(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1
     Elementwise with broadcasting; smooth everywhere, including for coincident points and at
     ``r = 0``.
     """
-    return _sq_dist_from_c(haversine(r1, u1, r2, u2, k), k)
+    return sq_distance_from_c(haversine(r1, u1, r2, u2, k), k)
 
 
 def distance(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0) -> Tensor:
@@ -385,7 +387,7 @@ def pairwise_sq_distance(
     a = (rq / sk).unsqueeze(-1)
     b = (rk / sk).unsqueeze(-2)
     c = 2.0 * torch.sinh(0.5 * (a - b)).square() + torch.sinh(a) * torch.sinh(b) * pairwise_chord(uq, uk)
-    return _sq_dist_from_c(c, k)
+    return sq_distance_from_c(c, k)
 
 
 # --------------------------------------------------------------------------------------------
@@ -601,7 +603,7 @@ def logmap(
     c = haversine(r1, u1, r2, u2, k)
     a, b = r1 / sk, r2 / sk
     # D / sinh D = asinhc(s) / sqrt(1 + s^2) with s = sinh(D/2) = sqrt(c/2)
-    ratio = sk * _asinhc_half(c) / torch.sqrt(1.0 + 0.5 * c)
+    ratio = sk * asinhc_half(c) / torch.sqrt(1.0 + 0.5 * c)
     sinh_b = torch.sinh(b)
     radial = torch.sinh(a - b) + torch.cosh(a) * sinh_b * chord(u1, u2)
     v_perp, _, _ = perp(u2, u1)

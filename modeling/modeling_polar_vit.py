@@ -30,7 +30,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
 from .geometry import asinh_exp, cosh_sinhc_sq, perp, safe_normalize
-from .attention import polar_attention
+from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES, PolarViTConfig
 from .manifold_ops import PolarOps, make_ops
 
@@ -190,7 +190,7 @@ class PolarSelfAttention(nn.Module):
         n, heads, d = config.hidden_size, config.num_attention_heads, config.head_dim
         rule = config.linear == "polar"
         self.num_heads, self.head_dim, self.k = heads, d, float(config.k)
-        self.implementation = config.polar_attn_implementation
+        self.config = config  # read at call time: ``model.config.polar_attn_implementation = ...`` switches
 
         def projection(out_features: int, num_heads: int | None) -> PolarFC:
             return PolarFC(n, out_features, config.k, num_heads, radius_rule=rule, init_scheme="orthogonal")
@@ -218,9 +218,11 @@ class PolarSelfAttention(nn.Module):
         scale = self.scale().to(p.dtype)
         probs = None
         if ops.name == "polar":
+            requested = self.config.polar_attn_implementation
+            impl = select_implementation(requested, output_attentions, p.device, p.shape[1])
             out = polar_attention(
                 q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], scale, self.k,
-                impl="eager", return_probs=output_attentions,
+                impl=impl, return_probs=output_attentions,
             )
             heads = ops.make(out[0], out[1])
             probs = out[2] if output_attentions else None

@@ -6,6 +6,8 @@ marks the classes for remote code, so ``save_pretrained`` writes a folder that a
 ``trust_remote_code=True`` where this package is not installed.
 """
 
+import importlib
+
 from transformers import (
     AutoConfig,
     AutoImageProcessor,
@@ -13,16 +15,17 @@ from transformers import (
     AutoModelForImageClassification,
 )
 
-from . import geometry
-from .modeling import ambient, attention
-from .modeling.configuration_polar_vit import PRESETS, PolarViTConfig
-from .modeling.image_processing_polar_vit import PolarViTImageProcessor
-from .modeling.modeling_polar_vit import (
+from .modeling import *  # noqa: F403 - the model classes, presets and the functional modules
+from .modeling import __all__ as _modeling_all
+from .modeling import (
+    PolarViTConfig,
     PolarViTForImageClassification,
+    PolarViTImageProcessor,
     PolarViTModel,
-    PolarViTModelOutput,
-    PolarViTPreTrainedModel,
 )
+
+# the re-export package (with .ambient) replaces the star-imported ``modeling.geometry`` module
+geometry = importlib.import_module(f"{__name__}.geometry")
 
 __version__ = "0.1.0"
 
@@ -40,16 +43,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = [
-    "PRESETS",
-    "PolarViTConfig",
-    "PolarViTForImageClassification",
-    "PolarViTImageProcessor",
-    "PolarViTModel",
-    "PolarViTModelOutput",
-    "PolarViTPreTrainedModel",
-    "__version__",
-    "ambient",
-    "attention",
-    "geometry",
-]
+__all__ = [*_modeling_all, "__version__"]

@@ -1,0 +1,206 @@
+"""Polar attention implementations against the float64 eager reference (Triton via TRITON_INTERPRET=1).
+
+Tolerances (float32 implementations vs float64 eager on the same stored float32 inputs):
+forward geodesic error <= 2e-5 + 8 x the resolution limit ``sinh(r) 2^-24`` of the output point
++ the softmax's own conditioning ``4 eps max|score| diam(values)`` (a score of size ``s`` is only
+known to ``eps |s|`` in float32, which moves the weights and so the centroid); gradients
+element-wise within 2e-4 of the largest gradient entry of that input (plus 1e-5 of the
+largest entry overall, for inputs whose exact gradient vanishes, e.g. identical keys), or within
+4x the error of float32 eager autograd on the same inputs, whichever is larger; the gradient of
+``scale`` sums all ``N x M`` pairs and gets 1e-4 of the largest entry overall (times
+``cosh(max value radius) / 100`` beyond radius 5, the rounding of the softmax row constant
+``sum_j p g_p``, which like FlashAttention's ``rowsum(dO o O)`` is formed analytically).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+import polar_vit_hf as P
+from polar_vit_hf.geometry import distance
+from polar_vit_hf.modeling.attention import (
+    CHUNKED_MIN_TOKENS,
+    chunked_polar_attention,
+    eager_polar_attention,
+    polar_attention,
+    select_implementation,
+)
+from polar_vit_hf.modeling.triton_attention import TRITON_AVAILABLE, triton_polar_attention
+
+F64 = torch.float64
+needs_triton = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed")
+
+
+def make_inputs(batch=2, heads=2, n_q=20, n_k=20, dim=16, rmax=4.0, seed=0, case="generic"):
+    gen = torch.Generator().manual_seed(seed)
+
+    def points(n, low, high):
+        r = low + (high - low) * torch.rand(batch, heads, n, generator=gen, dtype=F64)
+        u = torch.nn.functional.normalize(torch.randn(batch, heads, n, dim, generator=gen, dtype=F64), dim=-1)
+        return r, u
+
+    rq, uq = points(n_q, 0.0, rmax)
+    rk, uk = points(n_k, 0.0, rmax)
+    rv, uv = points(n_k, 0.0, rmax)
+    rq[..., 0] = 0.0  # a query at the origin
+    if case == "dominant":  # one key right on top of each query's first neighbour: the softmax is one-hot
+        rk[..., 3], uk[..., 3, :] = rq[..., 0].clone() + 0.01, uq[..., 0, :].clone()
+    elif case == "identical":  # all keys and values the same point
+        rk[:] = rk[..., :1]
+        uk[:] = uk[..., :1, :]
+        rv[:] = rv[..., :1]
+        uv[:] = uv[..., :1, :]
+    elif case == "aligned":  # every direction the same
+        for u in (uq, uk, uv):
+            u[:] = uq[:, :, :1, :]
+    scale = 0.3 + torch.rand(heads, generator=gen, dtype=F64)
+    if case == "dominant":
+        scale = scale * 50.0
+    # the float32 inputs every implementation sees, and their exact float64 copies
+    stored = [t.float() for t in (rq, uq, rk, uk, rv, uv, scale)]
+    return stored
+
+
+def reference(stored, k=1.0):
+    leaves = [t.double().requires_grad_(True) for t in stored]
+    r, u, _ = eager_polar_attention(*leaves[:6], leaves[6], k)
+    return leaves, r, u
+
+
+def check(stored, run, k=1.0, seed=0):
+    leaves, r_ref, u_ref = reference(stored, k)
+    gen = torch.Generator().manual_seed(seed + 100)
+    w_r, w_u = torch.randn(r_ref.shape, generator=gen, dtype=F64), torch.randn(u_ref.shape, generator=gen, dtype=F64)
+    grads_ref = torch.autograd.grad((r_ref * w_r).sum() + (u_ref * w_u).sum(), leaves)
+    inputs = [t.clone().requires_grad_(True) for t in stored]
+    r, u = run(*inputs[:6], inputs[6], k)
+    assert r.dtype == torch.float32 and torch.isfinite(r).all() and torch.isfinite(u).all()
+    err = distance(r.double(), u.double(), r_ref.detach(), u_ref.detach(), k)
+    limit = torch.sinh(r_ref.detach() / math.sqrt(k)) * 2.0**-24
+    d2 = P.geometry.pairwise_sq_distance(*[t.detach() for t in leaves[:4]], k)
+    conditioning = 4 * 2.0**-24 * float(leaves[6].max()) * float(d2.max()) * 2 * float(leaves[4].max())
+    assert (err <= 2e-5 + 8 * limit + conditioning).all(), float(err.max())
+    grads = torch.autograd.grad((r * w_r.float()).sum() + (u * w_u.float()).sum(), inputs)
+    overall = max(float(g.abs().max()) for g in grads_ref)  # for inputs whose exact gradient is 0
+    # float32 eager autograd on the same inputs: what float32 itself allows
+    eager_in = [t.clone().requires_grad_(True) for t in stored]
+    r32, u32, _ = eager_polar_attention(*eager_in[:6], eager_in[6], k)
+    grads32 = torch.autograd.grad((r32 * w_r.float()).sum() + (u32 * w_u.float()).sum(), eager_in)
+    for name, got, want, eager32 in zip(("rq", "uq", "rk", "uk", "rv", "uv", "scale"), grads, grads_ref, grads32):
+        # scale sums all N*M pairs, each carrying the softmax row constant's rounding ~ eps cosh(b_max)
+        summed = 1e-4 * overall * max(1.0, math.cosh(float(leaves[4].max())) / 100) if name == "scale" else 1e-5 * overall
+        tol = max(2e-4 * want.abs().max() + summed + 1e-7, 4 * (eager32.double() - want).abs().max())
+        assert (got.double() - want).abs().max() <= tol, (name, float((got.double() - want).abs().max()), float(tol))
+
+
+# --------------------------------------------------------------------------------------------
+# chunked (plain torch)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dim", [16, 32, 64])
+@pytest.mark.parametrize("n_q,n_k,block", [(24, 24, 8), (23, 37, 8), (5, 64, 64)])
+def test_chunked_matches_float64(dim, n_q, n_k, block):
+    stored = make_inputs(n_q=n_q, n_k=n_k, dim=dim, seed=dim + n_k)
+    check(stored, lambda *a: chunked_polar_attention(*a, block=block), k=0.7)
+
+
+EDGE_CASES = [(case, rmax) for case in ("dominant", "identical", "aligned") for rmax in (0.0, 4.0, 8.0)] + [
+    ("generic", rmax) for rmax in (0.0, 4.0, 8.0, 12.0)
+]
+
+
+@pytest.mark.parametrize("case,rmax", EDGE_CASES)
+def test_chunked_edge_cases_and_radii(case, rmax):
+    stored = make_inputs(n_q=17, n_k=19, rmax=rmax, case=case, seed=int(rmax))
+    check(stored, lambda *a: chunked_polar_attention(*a, block=8))
+
+
+def test_chunked_float64_is_exact_and_passes_gradcheck():
+    stored = make_inputs(batch=1, heads=2, n_q=5, n_k=7, dim=4, seed=3)
+    args = [t.double().requires_grad_(True) for t in stored]
+    r1, u1 = chunked_polar_attention(*args[:6], args[6], 1.2, block=3)
+    r2, u2, _ = eager_polar_attention(*args[:6], args[6], 1.2)
+    assert torch.allclose(r1, r2, atol=1e-13) and torch.allclose(u1, u2, atol=1e-13)
+    assert gradcheck(lambda *a: chunked_polar_attention(*a, 1.2, block=3), args)
+
+
+def test_chunked_never_builds_an_n_n_d_tensor():
+    n, dim, block = 96, 16, 16
+    stored = make_inputs(batch=1, heads=1, n_q=n, n_k=n, dim=dim)
+    inputs = [t.requires_grad_(True) for t in stored]
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+        r, u = chunked_polar_attention(*inputs[:6], inputs[6], 1.0, block=block)
+    assert max(sizes) < n * n  # only inputs and row statistics are saved, nothing of size N x N
+    (r.sum() + u.sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in inputs)
+
+
+# --------------------------------------------------------------------------------------------
+# triton (interpreted on the CPU in this suite)
+# --------------------------------------------------------------------------------------------
+@needs_triton
+@pytest.mark.parametrize("dim", [16, 32, 64])
+@pytest.mark.parametrize("n_q,n_k", [(32, 32), (37, 21)])
+def test_triton_matches_float64(dim, n_q, n_k):
+    stored = make_inputs(batch=2, heads=2, n_q=n_q, n_k=n_k, dim=dim, seed=dim + n_q)
+    check(stored, lambda *a: triton_polar_attention(*a, block_m=32, block_n=32), k=0.8)
+
+
+@needs_triton
+@pytest.mark.parametrize("case,rmax", [("dominant", 4.0), ("identical", 8.0), ("aligned", 12.0), ("generic", 0.0),
+                                       ("generic", 12.0)])
+def test_triton_edge_cases_and_radii(case, rmax):
+    stored = make_inputs(batch=1, heads=2, n_q=19, n_k=23, dim=16, rmax=rmax, case=case, seed=7)
+    check(stored, lambda *a: triton_polar_attention(*a, block_m=32, block_n=16))
+
+
+# --------------------------------------------------------------------------------------------
+# dispatch and the whole model
+# --------------------------------------------------------------------------------------------
+def test_select_implementation():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert select_implementation("auto", True, cuda, 4096) == "eager"
+    assert select_implementation("auto", False, cpu, CHUNKED_MIN_TOKENS) == "chunked"
+    assert select_implementation("auto", False, cpu, 64) == "eager"
+    assert select_implementation("chunked", False, cpu, 64) == "chunked"
+    assert select_implementation("chunked", True, cpu, 64) == "eager"
+    if TRITON_AVAILABLE:
+        assert select_implementation("auto", False, cuda, 64) == "triton"
+
+
+def test_polar_attention_argument_errors():
+    stored = make_inputs(n_q=4, n_k=4, dim=4)
+    with pytest.raises(ValueError, match="impl"):
+        polar_attention(*stored[:6], stored[6], impl="flash")
+    with pytest.raises(ValueError, match="probabilities"):
+        polar_attention(*stored[:6], stored[6], impl="chunked", return_probs=True)
+    with pytest.raises(ValueError, match="scale"):
+        polar_attention(*stored[:6], torch.ones(3))
+    with pytest.raises(ValueError, match="same"):
+        polar_attention(*stored[:4], stored[4][..., :2], stored[5][..., :2, :], stored[6])
+    r, u, probs = polar_attention(*stored[:6], stored[6], impl="eager", return_probs=True)
+    assert probs.shape == (2, 2, 4, 4)
+
+
+@pytest.mark.parametrize("impl", ["chunked", pytest.param("triton", marks=needs_triton)])
+def test_model_gives_the_same_logits_and_gradients_with_every_implementation(impl):
+    torch.manual_seed(0)
+    config = P.PolarViTConfig.from_preset("demo", hidden_size=64, num_attention_heads=4, intermediate_size=64)
+    model = P.PolarViTForImageClassification(config)
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 7])
+    out = model(x, labels=y)
+    out.loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.config.polar_attn_implementation = impl
+    other = model(x, labels=y)
+    other.loss.backward()
+    assert torch.allclose(other.logits, out.logits, atol=1e-5, rtol=1e-4)
+    overall = max(float(g.abs().max()) for g in expected.values())
+    for name, param in model.named_parameters():
+        tol = 1e-3 * expected[name].abs().max() + 1e-6 * overall
+        assert (param.grad - expected[name]).abs().max() <= tol, name
