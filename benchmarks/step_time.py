@@ -2,8 +2,11 @@
 
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile]
 
-Each model runs in its own subprocess (so peak memory is measured cleanly: the growth of the
-process's peak resident set over the training steps, from just before the first one); times are the median of ``--repeats``
+Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic, Polar-ViT in polar arithmetic
+(eager attention, the default below 1024 tokens on CPU) and with the chunked attention.
+
+Each model runs in its own subprocess (peak memory: the growth of the resident set, sampled in
+the background, over the first training step); times are the median of ``--repeats``
 steps after ``--warmup`` steps; ratios are taken within this one run.  The Euclidean model is
 transformers' ``ViTForImageClassification`` with the same depth, width, MLP width, heads and patch
 size.  Writes ``step_time.csv`` and ``step_time.png`` to ``--out``.
@@ -15,7 +18,6 @@ import argparse
 import csv
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -24,12 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-MODELS = ("euclidean", "ambient", "polar")
-
-
-def _rss_peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+MODELS = ("euclidean", "ambient", "polar", "polar-chunked")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -45,7 +44,9 @@ def worker(args: argparse.Namespace) -> None:
     if args.model == "euclidean":
         model = euclidean_vit(config)
     else:
-        config.arithmetic = args.model
+        config.arithmetic = args.model.split("-")[0]
+        if args.model == "polar-chunked":
+            config.polar_attn_implementation = "chunked"
         model = P.PolarViTForImageClassification(config)
         P.geometry.set_input_checks(False)  # training loops validate inputs once, not per operation
     model.train()
@@ -58,8 +59,11 @@ def worker(args: argparse.Namespace) -> None:
         loss.backward()
         model.zero_grad(set_to_none=True)
 
-    before = _rss_peak_mib()  # after building the model and the batch, before any step
-    for _ in range(args.warmup):
+    from _memory import peak_rss_growth
+
+    with peak_rss_growth() as growth:  # the first (cold) step: every buffer is allocated once
+        step()
+    for _ in range(args.warmup - 1):
         step()
     times = []
     for _ in range(args.repeats):
@@ -70,8 +74,7 @@ def worker(args: argparse.Namespace) -> None:
         "model": args.model,
         "median_s": statistics.median(times),
         "times": times,
-        "peak_rss_mib": _rss_peak_mib(),
-        "peak_growth_mib": max(0.0, _rss_peak_mib() - before),
+        "peak_growth_mib": growth["mib"],
         "params": sum(p.numel() for p in model.parameters()),
     }))
 
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="tiny-cifar")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2, help="steps before timing (at least 1)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (long compile on CPU)")
     parser.add_argument("--out", default="outputs/step_time")
@@ -108,12 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     base = results["euclidean"]["median_s"]
     print(f"\n{args.preset}, batch {args.batch}, forward + backward, {args.threads} CPU threads, "
           f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}")
-    print(f"{'model':<34} {'params':>10} {'time / step':>12} {'vs Euclidean':>13} {'peak RSS growth':>16}")
+    print(f"{'model':<36} {'params':>10} {'time / step':>12} {'vs Euclidean':>13} {'peak RSS growth':>16}")
     labels = {"euclidean": "Euclidean ViT (transformers)", "ambient": "Polar-ViT, ambient arithmetic",
-              "polar": "Polar-ViT, polar arithmetic"}
+              "polar": "Polar-ViT, polar arithmetic", "polar-chunked": "Polar-ViT, polar, chunked attention"}
     for name in MODELS:
         r = results[name]
-        print(f"{labels[name]:<34} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {r['median_s'] / base:>12.2f}x "
+        print(f"{labels[name]:<36} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {r['median_s'] / base:>12.2f}x "
               f"{r['peak_growth_mib']:>12.0f} MiB")
     print(f"polar / ambient: {results['polar']['median_s'] / results['ambient']['median_s']:.2f}x")
 
@@ -137,7 +140,7 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     names = list(MODELS)
-    colors = ["tab:gray", "tab:red", "tab:blue"]
+    colors = ["tab:gray", "tab:red", "tab:blue", "tab:cyan"]
     axes[0].bar([labels[n] for n in names], [results[n]["median_s"] * 1e3 for n in names], color=colors)
     axes[0].set_ylabel("ms / step (fwd + bwd)")
     axes[1].bar([labels[n] for n in names], [results[n]["peak_growth_mib"] for n in names], color=colors)

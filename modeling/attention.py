@@ -20,7 +20,7 @@ from .triton_attention import TRITON_AVAILABLE, triton_polar_attention
 IMPLEMENTATIONS = ("eager", "chunked", "triton")
 DEFAULT_BLOCK = 128
 # ``auto`` on CPU: sequences at least this long use the chunked path (measured: benchmarks/attention.py)
-CHUNKED_MIN_TOKENS = 512
+CHUNKED_MIN_TOKENS = 1024
 
 Scale = Union[float, Tensor]
 

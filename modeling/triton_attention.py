@@ -232,23 +232,21 @@ if TRITON_AVAILABLE:
         offs_d = tl.arange(0, D_PAD)
         mask_m, mask_d = offs_m < n_q, offs_d < D
         rows = tl.num_programs(1) * n_q
-        q_ptrs = (RQ + bh * n_q, UQ + bh * n_q * D)
-        k_ptrs = (RK + bh * n_k, UK + bh * n_k * D, RV + bh * n_k, UV + bh * n_k * D, KBAR + bh * D)
-        row_ptrs = (UHAT + bh * n_q * D, STATS + bh * n_q, GT + bh * n_q, GE + bh * n_q, GV + bh * n_q * D)
+        RQ, UQ, UHAT, STATS, GT, GE, GV, ROWDOT = (RQ + bh * n_q, UQ + bh * n_q * D, UHAT + bh * n_q * D,
+                                                    STATS + bh * n_q, GT + bh * n_q, GE + bh * n_q,
+                                                    GV + bh * n_q * D, ROWDOT + bh * n_q)
+        RK, UK, RV, UV, KBAR = RK + bh * n_k, UK + bh * n_k * D, RV + bh * n_k, UV + bh * n_k * D, KBAR + bh * D
         # pass 1: the softmax row constant sum_j p_ij dL/dp_ij from the very values pass 2 uses
         row_dot = tl.zeros((BLOCK_M,), tl.float32)
         for start in range(0, n_k, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            tile = _tile_backward(q_ptrs[0], q_ptrs[1], k_ptrs[0], k_ptrs[1], k_ptrs[2], k_ptrs[3], k_ptrs[4],
-                                  row_ptrs[0], row_ptrs[1], row_ptrs[2], row_ptrs[3], row_ptrs[4], ROWDOT + bh * n_q,
-                                  offs_m, mask_m, offs_n, offs_n < n_k, offs_d, mask_d, rows, scale, sqrt_k, k_val,
-                                  D, BLOCK_M, BLOCK_N)
+            tile = _tile_backward(RQ, UQ, RK, UK, RV, UV, KBAR, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m, mask_m,
+                                  offs_n, offs_n < n_k, offs_d, mask_d, rows, scale, sqrt_k, k_val, D, BLOCK_M, BLOCK_N)
             row_dot += tl.sum(tile[0] * tile[1], axis=1)
-        tl.store(ROWDOT + bh * n_q + offs_m, row_dot, mask=mask_m)
+        tl.store(ROWDOT + offs_m, row_dot, mask=mask_m)
         tl.debug_barrier()
-        kbar = tl.load(KBAR + bh * D + offs_d, mask=mask_d, other=0.0)
-        uq = tl.load(UQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :],
-                     mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        kbar = tl.load(KBAR + offs_d, mask=mask_d, other=0.0)
+        uq = tl.load(UQ + offs_m[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :], other=0.0)
         pq = tl.where(mask_d[None, :], uq - kbar[None, :], 0.0)
         g_a = tl.zeros((BLOCK_M,), tl.float32)
         g_u = tl.zeros((BLOCK_M, D_PAD), tl.float32)
@@ -256,18 +254,16 @@ if TRITON_AVAILABLE:
         for start in range(0, n_k, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             p, g_p, g_score, g_c, c, chord, d2, a_q, sinh_a, a_k, qk, b, uv, chord_v, sinh_b, cosh_b, exp_b, \
-                g_t, g_e, g_v = _tile_backward(
-                    q_ptrs[0], q_ptrs[1], k_ptrs[0], k_ptrs[1], k_ptrs[2], k_ptrs[3], k_ptrs[4],
-                    row_ptrs[0], row_ptrs[1], row_ptrs[2], row_ptrs[3], row_ptrs[4], ROWDOT + bh * n_q,
-                    offs_m, mask_m, offs_n, offs_n < n_k, offs_d, mask_d, rows, scale, sqrt_k, k_val,
-                    D, BLOCK_M, BLOCK_N)
+                g_t, g_e, g_v = _tile_backward(RQ, UQ, RK, UK, RV, UV, KBAR, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m,
+                                               mask_m, offs_n, offs_n < n_k, offs_d, mask_d, rows, scale, sqrt_k,
+                                               k_val, D, BLOCK_M, BLOCK_N)
             g_scale += tl.sum(g_score * d2, axis=1)
             sinh_bk = _sinh(a_k)
             g_a += tl.sum(g_c * (_sinh(a_q[:, None] - a_k[None, :]) + _cosh(a_q)[:, None] * sinh_bk[None, :] * chord),
                           axis=1)
             g_chord = g_c * sinh_a[:, None] * sinh_bk[None, :]
             g_u += pq * tl.sum(g_chord, axis=1)[:, None] - tl.dot(g_chord, qk, input_precision="ieee")
-        tl.store(GAQ + bh * n_q + offs_m, g_a / sqrt_k, mask=mask_m)
+        tl.store(GAQ + bh * n_q + offs_m, g_a / sqrt_k, mask=mask_m)  # outputs: offset here
         tl.store(GUQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], g_u, mask=mask_m[:, None] & mask_d[None, :])
         tl.store(GSCALE + bh * n_q + offs_m, -g_scale, mask=mask_m)
 
@@ -285,7 +281,11 @@ if TRITON_AVAILABLE:
         offs_d = tl.arange(0, D_PAD)
         mask_n, mask_d = offs_n < n_k, offs_d < D
         rows = tl.num_programs(1) * n_q
-        kbar = tl.load(KBAR + bh * D + offs_d, mask=mask_d, other=0.0)
+        RQ, UQ, UHAT, STATS, GT, GE, GV, ROWDOT = (RQ + bh * n_q, UQ + bh * n_q * D, UHAT + bh * n_q * D,
+                                                    STATS + bh * n_q, GT + bh * n_q, GE + bh * n_q,
+                                                    GV + bh * n_q * D, ROWDOT + bh * n_q)
+        RK, UK, RV, UV, KBAR = RK + bh * n_k, UK + bh * n_k * D, RV + bh * n_k, UV + bh * n_k * D, KBAR + bh * D
+        kbar = tl.load(KBAR + offs_d, mask=mask_d, other=0.0)
         vbar = tl.load(VBAR + bh * D + offs_d, mask=mask_d, other=0.0)
         g_ak = tl.zeros((BLOCK_N,), tl.float32)
         g_uk = tl.zeros((BLOCK_N, D_PAD), tl.float32)
@@ -296,21 +296,19 @@ if TRITON_AVAILABLE:
             mask_m = offs_m < n_q
             mask2d = mask_m[:, None] & mask_d[None, :]
             p, g_p, g_score, g_c, c, chord, d2, a_q, sinh_a, a_k, qk, b, uv, chord_v, sinh_b, cosh_b, exp_b, \
-                g_t, g_e, g_v = _tile_backward(
-                    RQ + bh * n_q, UQ + bh * n_q * D, RK + bh * n_k, UK + bh * n_k * D, RV + bh * n_k,
-                    UV + bh * n_k * D, KBAR + bh * D, UHAT + bh * n_q * D, STATS + bh * n_q, GT + bh * n_q,
-                    GE + bh * n_q, GV + bh * n_q * D, ROWDOT + bh * n_q,
-                    offs_m, mask_m, offs_n, mask_n, offs_d, mask_d, rows, scale, sqrt_k, k_val, D, BLOCK_M, BLOCK_N)
+                g_t, g_e, g_v = _tile_backward(RQ, UQ, RK, UK, RV, UV, KBAR, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m,
+                                               mask_m, offs_n, mask_n, offs_d, mask_d, rows, scale, sqrt_k, k_val,
+                                               D, BLOCK_M, BLOCK_N)
             g_bv += tl.sum(p * (g_t[:, None] * sinh_b[None, :] + tl.dot(g_v, tl.trans(uv), input_precision="ieee")
                                 * cosh_b[None, :] - g_e[:, None] * exp_b[None, :]
                                 + g_e[:, None] * cosh_b[None, :] * chord_v), axis=0)
-            u_hat = tl.load(UHAT + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
+            u_hat = tl.load(UHAT + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
             ph = tl.where(mask_d[None, :], u_hat - vbar[None, :], 0.0)
             qv = tl.where(mask_d[None, :], uv - vbar[None, :], 0.0)
             w_s = p * g_e[:, None] * sinh_b[None, :]
             g_uv += (tl.dot(tl.trans(p * sinh_b[None, :]), g_v, input_precision="ieee")
                      + qv * tl.sum(w_s, axis=0)[:, None] - tl.dot(tl.trans(w_s), ph, input_precision="ieee"))
-            uq = tl.load(UQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
+            uq = tl.load(UQ + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
             pq = tl.where(mask_d[None, :], uq - kbar[None, :], 0.0)
             g_ak += tl.sum(g_c * (_sinh(a_k[None, :] - a_q[:, None]) + sinh_a[:, None] * _cosh(a_k)[None, :] * chord),
                            axis=0)

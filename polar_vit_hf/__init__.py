@@ -24,8 +24,9 @@ from .modeling import (
     PolarViTModel,
 )
 
-# the re-export package (with .ambient) replaces the star-imported ``modeling.geometry`` module
+# the re-export modules replace the star-imported ``modeling.geometry`` / ``modeling.attention``
 geometry = importlib.import_module(f"{__name__}.geometry")
+attention = importlib.import_module(f"{__name__}.attention")
 
 __version__ = "0.1.0"
 
