@@ -1,0 +1,132 @@
+"""training/pretrain.py: exact resume after SIGKILL, clear checkpoint errors, 2-process equality."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "training" / "pretrain.py"
+COMMON = ["--max_steps", "12", "--save_steps", "6", "--eval_steps", "12", "--batch_size", "16", "--no_progress"]
+
+
+def run(output_dir: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--output_dir", str(output_dir), *COMMON, *extra],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if check:
+        assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def losses(output_dir: Path) -> list[float]:
+    with open(output_dir / "metrics.csv") as handle:
+        return [float(row["loss"]) for row in csv.DictReader(handle)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    run(out)
+    return out
+
+
+def test_a_run_writes_metrics_curves_tensorboard_and_the_model(uninterrupted):
+    for name in ("metrics.csv", "curves.png", "recipe.json", "model/config.json", "model/model.safetensors",
+                 "model/preprocessor_config.json", "best_model/model.safetensors", "checkpoints/step_12"):
+        assert (uninterrupted / name).exists(), name
+    assert any((uninterrupted / "tensorboard").rglob("events.out.tfevents.*"))
+    assert len(losses(uninterrupted)) == 12
+
+
+def test_sigkill_after_a_checkpoint_then_resume_is_exact(uninterrupted, tmp_path):
+    out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "--output_dir", str(out), *COMMON],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    checkpoint = out / "checkpoints" / "step_6"
+    deadline = time.time() + 300
+    while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoint.exists() and not (out / "model").exists()
+    resumed = run(out, "--resume")
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    expected, got = weights(uninterrupted / "model"), weights(out / "model")
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    assert losses(out) == losses(uninterrupted)
+
+
+def test_stop_after_steps_exits_cleanly_at_the_checkpoint(uninterrupted, tmp_path):
+    out = tmp_path / "preempted"
+    done = run(out, "--stop_after_steps", "6")
+    assert "stopping after the checkpoint at step 6" in done.stdout + done.stderr
+    assert (out / "checkpoints" / "step_6").exists() and not (out / "model").exists()
+    run(out, "--resume")
+    expected, got = weights(uninterrupted / "model"), weights(out / "model")
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_corrupt_or_mismatched_checkpoints_are_errors_not_restarts(uninterrupted, tmp_path):
+    out = tmp_path / "corrupt"
+    shutil.copytree(uninterrupted, out)
+    shutil.rmtree(out / "checkpoints" / "step_12")  # resume from step 6
+    (out / "checkpoints" / "step_6" / "model.safetensors").write_bytes(b"garbage")
+    done = run(out, "--resume", check=False)
+    assert done.returncode != 0
+    assert "CheckpointError" in done.stderr and "corrupt or incomplete" in done.stderr
+    mismatched = run(out, "--resume", "--seed", "1", check=False)
+    assert mismatched.returncode != 0 and "different run" in mismatched.stderr
+    fresh = run(out, check=False)  # no --resume on a folder with checkpoints: refuse to overwrite
+    assert fresh.returncode != 0 and "already holds checkpoints" in fresh.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _loopback_only() -> list[str] | None:
+    """Command prefix running inside a new network namespace with only loopback (root + unshare)."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None or os.geteuid() != 0:
+        return None
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True)
+    return None if probe.returncode else ["unshare", "-n"]
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    prefix = _loopback_only()
+    if prefix is None:
+        pytest.skip("needs root and unshare to keep the gloo rendezvous inside a loopback-only namespace")
+    single = tmp_path / "single"
+    run(single, "--max_steps", "6", "--save_steps", "6", "--eval_steps", "6")
+    double = tmp_path / "double"
+    launch = (f"ip link set lo up && {sys.executable} -m accelerate.commands.launch --multi_gpu --num_processes 2 "
+              f"--num_machines 1 --mixed_precision no --dynamo_backend no --main_process_port {_free_port()} "
+              f"{SCRIPT} --output_dir {double} {' '.join(COMMON)} --max_steps 6 --save_steps 6 --eval_steps 6 --cpu")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    done = subprocess.run([*prefix, "bash", "-c", launch], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    one, two = losses(single), losses(double)
+    assert len(one) == len(two) == 6
+    assert max(abs(a - b) for a, b in zip(one, two)) < 1e-4, (one, two)
+    expected, got = weights(single / "model"), weights(double / "model")
+    assert max(float((expected[k] - got[k]).abs().max()) for k in expected) < 1e-3

@@ -1,0 +1,376 @@
+"""Pretrain Polar-ViT (or the same-size Euclidean ViT) with Accelerate, from one CPU to many GPUs.
+
+Examples:
+    python training/pretrain.py --output_dir runs/digits                      # digits demo on CPU
+    python training/pretrain.py --recipe cifar100 --output_dir runs/c100      # HexFormer recipe
+    accelerate launch --multi_gpu --num_processes 8 training/pretrain.py --recipe imagenet1k ...
+    python training/pretrain.py --recipe digits-demo --arch euclidean ...     # transformers' ViT
+
+Recipes are YAML files in ``training/recipes/`` (or a path); command-line flags override them.
+Every ``--save_steps`` optimizer steps the complete state (model, optimizer, scheduler, RNG of
+every process, data position) is written atomically to ``OUTPUT_DIR/checkpoints/step_N``;
+``--resume`` continues from the newest one exactly as if never interrupted; a corrupt or
+mismatched checkpoint is an error, never a silent restart.  ``--stop_after_steps N`` exits
+cleanly right after the checkpoint at step N (as a scheduler's preemption would).  Metrics go to
+``metrics.csv``, TensorBoard (``tensorboard/``) and ``curves.png``; the final and the best model
+are exported with ``save_pretrained`` to ``model/`` and ``best_model/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from torch.utils.data import DataLoader
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "training" / "recipes"
+CSV_FIELDS = ["step", "epoch", "loss", "lr", "eval_accuracy"]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from (corrupt, incomplete, or from another run)."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default="digits-demo", help="name in training/recipes/ or a YAML path")
+    parser.add_argument("--arch", choices=("polar", "euclidean"), default="polar")
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max_steps", type=int, help="optimizer steps (overrides the recipe's epochs)")
+    parser.add_argument("--save_steps", type=int)
+    parser.add_argument("--eval_steps", type=int)
+    parser.add_argument("--stop_after_steps", type=int, help="exit cleanly right after the checkpoint at this step")
+    parser.add_argument("--resume", nargs="?", const="latest", help="continue from the newest (or the given) checkpoint")
+    parser.add_argument("--dataset", help="HF dataset name, 'imagefolder' or 'digits'")
+    parser.add_argument("--data_dir")
+    parser.add_argument("--batch_size", type=int, help="global batch size (split across processes)")
+    parser.add_argument("--grad_accum", type=int)
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"))
+    parser.add_argument("--num_workers", type=int, default=0)
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
+    parser.add_argument("--no_progress", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override any recipe entry, e.g. --set augment.mixup=0 --set model.k=0.5")
+    return parser.parse_args(argv)
+
+
+def load_recipe(name: str) -> dict:
+    path = Path(name) if name.endswith((".yaml", ".yml")) else RECIPES / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in RECIPES.glob("*.yaml"))
+        raise SystemExit(f"recipe {name!r} not found (known: {known})")
+    return yaml.safe_load(path.read_text())
+
+
+def apply_overrides(recipe: dict, args: argparse.Namespace) -> dict:
+    for key, section, value in (("max_steps", "optim", args.max_steps), ("save_steps", "optim", args.save_steps),
+                                ("eval_steps", "optim", args.eval_steps), ("batch_size", "optim", args.batch_size),
+                                ("grad_accum", "optim", args.grad_accum), ("lr", "optim", args.lr),
+                                ("dataset", "data", args.dataset)):
+        if value is not None:
+            recipe[section][key] = value
+    if args.mixed_precision:
+        recipe["mixed_precision"] = args.mixed_precision
+    for item in args.set:
+        dotted, _, raw = item.partition("=")
+        section, _, key = dotted.partition(".")
+        if not key or section not in recipe:
+            raise SystemExit(f"--set {item!r}: expected SECTION.KEY=VALUE with SECTION in {sorted(recipe)}")
+        recipe[section][key] = yaml.safe_load(raw)
+    return recipe
+
+
+def build_model(recipe: dict, arch: str, id2label: dict[int, str]):
+    import polar_vit_hf as P
+    from polar_vit_hf.baselines import euclidean_vit
+
+    overrides = {k: v for k, v in recipe["model"].items() if k != "preset"}
+    config = P.PolarViTConfig.from_preset(recipe["model"]["preset"], image_size=recipe["data"]["image_size"],
+                                          id2label=id2label, label2id={v: k for k, v in id2label.items()},
+                                          **overrides)
+    return (euclidean_vit(config) if arch == "euclidean" else P.PolarViTForImageClassification(config)), config
+
+
+def build_optimizer(model, arch: str, optim: dict) -> torch.optim.Optimizer:
+    from polar_vit_hf.optim import RiemannianAdamW, param_groups
+
+    betas = tuple(optim.get("betas", (0.9, 0.999)))
+    if arch == "polar":
+        return RiemannianAdamW(param_groups(model, optim["weight_decay"]), lr=optim["lr"], betas=betas)
+    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
+    rest = [p for n, p in model.named_parameters() if p.dim() <= 1]
+    return torch.optim.AdamW([dict(params=decay, weight_decay=optim["weight_decay"]),
+                              dict(params=rest, weight_decay=0.0)], lr=optim["lr"], betas=betas)
+
+
+def total_steps(optim: dict, steps_per_epoch: int) -> tuple[int, int]:
+    """``(max_steps, warmup_steps)`` in optimizer steps."""
+    max_steps = optim.get("max_steps") or int(optim["epochs"] * steps_per_epoch)
+    warmup = optim.get("warmup_steps")
+    if warmup is None:
+        warmup = int(optim.get("warmup_epochs", 0) * steps_per_epoch)
+    return max_steps, min(warmup, max_steps)
+
+
+def cosine_with_warmup(optimizer, warmup: int, max_steps: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        progress = (step - warmup) / max(1, max_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def fingerprint(recipe: dict, arch: str, seed: int, world: int) -> str:
+    """What a checkpoint must agree on to be resumed (everything but the run length and output)."""
+    essentials = json.loads(json.dumps(recipe, sort_keys=True))
+    for key in ("max_steps", "save_steps", "eval_steps"):
+        essentials["optim"].pop(key, None)
+    payload = json.dumps(dict(recipe=essentials, arch=arch, seed=seed, world=world), sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def checkpoints(output_dir: Path) -> list[Path]:
+    folder = output_dir / "checkpoints"
+    found = [p for p in folder.glob("step_*") if p.is_dir() and p.name.split("_")[-1].isdigit()]
+    return sorted(found, key=lambda p: int(p.name.split("_")[-1]))
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path, expected: str) -> dict:
+    state_file = path / "trainer_state.json"
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: cannot read {state_file.name} "
+                              f"({error}); delete it or resume from another checkpoint") from error
+    if state.get("fingerprint") != expected:
+        raise CheckpointError(
+            f"checkpoint {path} was written by a different run (recipe/arch/seed/process-count fingerprint "
+            f"{state.get('fingerprint')} != {expected}); resume it with the same settings or use another --output_dir"
+        )
+    try:
+        accelerator.load_state(str(path))
+    except Exception as error:  # noqa: BLE001 - any failure to deserialise is reported as such
+        raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: {type(error).__name__}: {error}") from error
+    return state
+
+
+def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: dict) -> Path:
+    """Write the full training state atomically (temporary folder, then rename)."""
+    final = output_dir / "checkpoints" / f"step_{state['step']}"
+    partial = final.with_name(final.name + ".partial")
+    if accelerator.is_main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(partial))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (partial / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+@torch.no_grad()
+def evaluate(model, loader, accelerator: Accelerator) -> float:
+    model.eval()
+    correct = torch.zeros((), device=accelerator.device)
+    total = torch.zeros((), device=accelerator.device)
+    for pixel_values, labels in loader:
+        predictions = model(pixel_values=pixel_values).logits.argmax(-1)
+        predictions, labels = accelerator.gather_for_metrics((predictions, labels))
+        correct += (predictions == labels).sum()
+        total += labels.numel()
+    model.train()
+    return float(correct / total)
+
+
+def write_metrics(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_curves(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in rows]
+    ax.plot(steps, [r["loss"] for r in rows], color="tab:blue", label="training loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    evals = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") not in (None, "")]
+    if evals:
+        twin = ax.twinx()
+        twin.plot(*zip(*evals), "o-", color="tab:orange", label="held-out accuracy")
+        twin.set_ylabel("held-out accuracy")
+        twin.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    recipe = apply_overrides(load_recipe(args.recipe), args)
+    output_dir = Path(args.output_dir)
+    optim = recipe["optim"]
+    accelerator = Accelerator(
+        cpu=args.cpu,
+        mixed_precision=recipe.get("mixed_precision", "no"),
+        gradient_accumulation_steps=int(optim.get("grad_accum", 1)),
+        log_with="tensorboard",
+        project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "tensorboard")),
+        dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True),
+    )
+    existing = checkpoints(output_dir)
+    if existing and not args.resume:
+        raise SystemExit(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume to continue "
+                         f"or choose another --output_dir")
+    set_seed(args.seed)
+    from polar_vit_hf.training_data import build_data, build_mixup
+
+    data = build_data(recipe["data"]["dataset"], recipe["data"]["image_size"], recipe["augment"], args.data_dir,
+                      recipe["data"].get("train_split", "train"), recipe["data"].get("eval_split", "test"))
+    model, config = build_model(recipe, args.arch, data.id2label)
+    optimizer = build_optimizer(model, args.arch, optim)
+    batch = int(optim["batch_size"])
+    if batch % accelerator.num_processes:
+        raise SystemExit(f"batch_size={batch} must be divisible by the {accelerator.num_processes} processes")
+    train_loader = DataLoader(data.train, batch_size=batch, shuffle=True, drop_last=True,
+                              num_workers=args.num_workers)
+    eval_loader = DataLoader(data.eval, batch_size=batch, shuffle=False, num_workers=args.num_workers)
+    steps_per_epoch = len(train_loader) // accelerator.gradient_accumulation_steps
+    max_steps, warmup = total_steps(optim, steps_per_epoch)
+    scheduler = cosine_with_warmup(optimizer, warmup, max_steps)
+    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+        model, optimizer, train_loader, eval_loader, scheduler)
+    mixup = build_mixup(recipe["augment"], len(data.id2label))
+    smoothing = float(recipe["augment"].get("label_smoothing", 0.0))
+    expected = fingerprint(recipe, args.arch, args.seed, accelerator.num_processes)
+
+    state = dict(step=0, epoch=0, batch_in_epoch=0, best_accuracy=None, fingerprint=expected)
+    metrics_path = output_dir / "metrics.csv"
+    rows: list[dict] = []
+    if args.resume:
+        path = Path(args.resume) if args.resume != "latest" else (existing[-1] if existing else None)
+        if path is None:
+            accelerator.print(f"--resume: no checkpoint in {output_dir / 'checkpoints'}; starting at step 0")
+        else:
+            if not path.is_dir():
+                raise CheckpointError(f"--resume {path}: no such checkpoint directory")
+            state = load_checkpoint(accelerator, path, expected)
+            accelerator.print(f"resumed from {path} at step {state['step']}")
+            if metrics_path.exists():
+                with open(metrics_path) as handle:
+                    rows = [r for r in csv.DictReader(handle) if int(r["step"]) <= state["step"]]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    accelerator.init_trackers("pretrain", config={"arch": args.arch, "recipe": args.recipe, "seed": args.seed,
+                                                  "max_steps": max_steps, "lr": optim["lr"], "batch_size": batch})
+    if accelerator.is_main_process:
+        (output_dir / "recipe.json").write_text(json.dumps(recipe, indent=2))
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=max_steps, initial=state["step"], desc=f"pretrain {args.arch}", unit="step",
+                    disable=args.no_progress or not accelerator.is_main_process)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=smoothing)
+    model.train()
+    stop = False
+    while state["step"] < max_steps and not stop:
+        train_loader.set_epoch(state["epoch"])
+        skip = state["batch_in_epoch"]
+        loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+        for pixel_values, labels in loader:
+            with accelerator.accumulate(model):
+                if mixup is not None:  # soft targets with label smoothing folded in
+                    pixel_values, soft = mixup(pixel_values, labels)
+                    logits = model(pixel_values=pixel_values).logits
+                    loss = torch.sum(-soft * torch.log_softmax(logits, dim=-1), dim=-1).mean()
+                else:
+                    loss = criterion(model(pixel_values=pixel_values).logits, labels)
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            state["batch_in_epoch"] += 1
+            if not accelerator.sync_gradients:
+                continue
+            state["step"] += 1
+            step = state["step"]
+            mean_loss = float(accelerator.gather(loss.detach().reshape(1)).mean())
+            row = dict(step=step, epoch=state["epoch"], loss=mean_loss, lr=scheduler.get_last_lr()[0], eval_accuracy="")
+            if step % int(optim.get("eval_steps", max_steps)) == 0 or step == max_steps:
+                accuracy = evaluate(model, eval_loader, accelerator)
+                row["eval_accuracy"] = accuracy
+                if state["best_accuracy"] is None or accuracy > state["best_accuracy"]:
+                    state["best_accuracy"] = accuracy
+                    if accelerator.is_main_process:
+                        accelerator.unwrap_model(model).save_pretrained(output_dir / "best_model")
+            rows.append(row)
+            accelerator.log({k: v for k, v in row.items() if v != "" and k != "step"}, step=step)
+            progress.update(1)
+            progress.set_postfix(loss=f"{mean_loss:.3f}")
+            save_now = step % int(optim.get("save_steps", max_steps)) == 0 or step == args.stop_after_steps
+            if save_now:
+                if accelerator.is_main_process:
+                    write_metrics(metrics_path, rows)
+                save_checkpoint(accelerator, output_dir, dict(state))
+            if step == args.stop_after_steps:
+                accelerator.print(f"stopping after the checkpoint at step {step} (--stop_after_steps)")
+                stop = True
+                break
+            if step >= max_steps:
+                break
+        else:
+            state["epoch"] += 1
+            state["batch_in_epoch"] = 0
+    progress.close()
+    if accelerator.is_main_process:
+        write_metrics(metrics_path, rows)
+        plot_curves([dict(r, step=int(r["step"]), loss=float(r["loss"]),
+                          eval_accuracy=float(r["eval_accuracy"]) if r["eval_accuracy"] not in ("", None) else None)
+                     for r in rows], output_dir / "curves.png", f"{args.arch} on {recipe['data']['dataset']}")
+        if not stop:
+            final = accelerator.unwrap_model(model)
+            final.save_pretrained(output_dir / "model")
+            _save_processor(output_dir / "model", recipe["data"]["image_size"])
+            if (output_dir / "best_model").exists():
+                _save_processor(output_dir / "best_model", recipe["data"]["image_size"])
+            accelerator.print(f"final held-out accuracy {rows[-1]['eval_accuracy']}; model in {output_dir / 'model'}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()  # also tears down the process group
+    return 0
+
+
+def _save_processor(folder: Path, image_size: int) -> None:
+    from polar_vit_hf import PolarViTImageProcessor
+
+    PolarViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(folder)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
