@@ -1,5 +1,5 @@
 # polar-vit-hf: the two commands of the README quickstart.
-#   make demo   - the project's main job (installs what it needs first)
+#   make demo   - the project's main job: the digits training demo, then the precision table
 #   make test   - the whole test suite (installs what it needs first)
 # Both are idempotent: the virtual environment is (re)built only when setup.cfg changes.
 
@@ -19,6 +19,7 @@ $(STAMP): setup.cfg pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
+	$(PY) training/demo.py --output_dir outputs/demo
 	$(PY) benchmarks/precision.py --out outputs/precision
 
 test: $(STAMP)

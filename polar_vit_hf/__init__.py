@@ -8,6 +8,7 @@ marks the classes for remote code, so ``save_pretrained`` writes a folder that a
 
 import importlib
 
+from transformers.utils import is_torchvision_available
 from transformers import (
     AutoConfig,
     AutoImageProcessor,
@@ -35,7 +36,11 @@ def _register() -> None:
     AutoConfig.register(PolarViTConfig.model_type, PolarViTConfig, exist_ok=True)
     AutoModel.register(PolarViTConfig, PolarViTModel, exist_ok=True)
     AutoModelForImageClassification.register(PolarViTConfig, PolarViTForImageClassification, exist_ok=True)
-    AutoImageProcessor.register(PolarViTConfig, slow_image_processor_class=PolarViTImageProcessor, exist_ok=True)
+    # the processor subclasses transformers' torchvision-backed ViT processor when torchvision is
+    # installed and the PIL-backed one otherwise: register it under the backend it really uses
+    backend = "torchvision" if is_torchvision_available() else "pil"
+    AutoImageProcessor.register(PolarViTConfig, image_processor_classes={backend: PolarViTImageProcessor},
+                                exist_ok=True)
     PolarViTConfig.register_for_auto_class()
     PolarViTModel.register_for_auto_class("AutoModel")
     PolarViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")

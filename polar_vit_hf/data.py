@@ -35,13 +35,18 @@ def digits_images(image_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
     return rgb.numpy(), digits.target.astype(np.int64)
 
 
+def digits_split_indices(count: int = 1797, test_fraction: float = 0.25, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, test)`` indices of the seeded digits split used everywhere in the project."""
+    order = np.random.default_rng(seed).permutation(count)
+    n_test = int(round(test_fraction * count))
+    return order[n_test:], order[:n_test]
+
+
 def digits_splits(image_size: int = 32, test_fraction: float = 0.25, seed: int = 0) -> tuple[DigitsSplit, DigitsSplit]:
-    """A seeded, stratification-free train/test split of the digits as normalised tensors."""
+    """The seeded train/test split of the digits as normalised tensors."""
     images, labels = digits_images(image_size)
-    order = np.random.default_rng(seed).permutation(len(labels))
-    n_test = int(round(test_fraction * len(labels)))
+    train, test = digits_split_indices(len(labels), test_fraction, seed)
     pixels = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0
     pixels = (pixels - 0.5) / 0.5
     targets = torch.from_numpy(labels)
-    test, train = order[:n_test], order[n_test:]
     return DigitsSplit(pixels[train], targets[train]), DigitsSplit(pixels[test], targets[test])

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from .data import digits_images
+from .data import digits_images, digits_split_indices
 
 HF_ALIASES = {"cifar100": "uoft-cs/cifar100", "cifar10": "uoft-cs/cifar10", "tiny-imagenet": "zh-plus/tiny-imagenet",
               "imagenet1k": "imagenet-1k"}
@@ -82,9 +82,7 @@ def build_mixup(augment: dict[str, Any], num_classes: int):
 
 def _digits(image_size: int, seed: int = 0) -> tuple[Callable, Callable, int, int, dict[int, str]]:
     images, labels = digits_images(image_size)
-    order = np.random.default_rng(seed).permutation(len(labels))
-    n_test = int(round(0.25 * len(labels)))
-    test, train = order[:n_test], order[n_test:]
+    train, test = digits_split_indices(len(labels), seed=seed)
 
     def getter(indices):
         return lambda i: (Image.fromarray(images[indices[i]]), int(labels[indices[i]]))

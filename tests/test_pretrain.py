@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import shutil
 import signal
@@ -130,3 +131,19 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     assert max(abs(a - b) for a, b in zip(one, two)) < 1e-4, (one, two)
     expected, got = weights(single / "model"), weights(double / "model")
     assert max(float((expected[k] - got[k]).abs().max()) for k in expected) < 1e-3
+
+
+def test_augmentations_gradient_accumulation_and_the_euclidean_baseline(tmp_path):
+    augmented = tmp_path / "augmented"
+    run(augmented, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "2", "--grad_accum", "2",
+        "--set", "augment.mixup=0.8", "--set", "augment.cutmix=1.0", "--set", "augment.mix_prob=1.0",
+        "--set", "augment.label_smoothing=0.1", "--set", "augment.auto_augment=randaugment",
+        "--set", "augment.random_erasing=0.25", "--set", "augment.random_resized_crop=true")
+    assert len(losses(augmented)) == 2 and all(math.isfinite(x) for x in losses(augmented))
+    euclidean = tmp_path / "euclidean"
+    run(euclidean, "--arch", "euclidean", "--max_steps", "2", "--save_steps", "2", "--eval_steps", "2")
+    from transformers import AutoImageProcessor, ViTForImageClassification
+
+    model = ViTForImageClassification.from_pretrained(euclidean / "model")
+    assert model.config.num_labels == 10
+    assert type(AutoImageProcessor.from_pretrained(euclidean / "model")).__name__.startswith("ViTImageProcessor")

@@ -357,19 +357,23 @@ def main(argv: list[str] | None = None) -> int:
         if not stop:
             final = accelerator.unwrap_model(model)
             final.save_pretrained(output_dir / "model")
-            _save_processor(output_dir / "model", recipe["data"]["image_size"])
-            if (output_dir / "best_model").exists():
-                _save_processor(output_dir / "best_model", recipe["data"]["image_size"])
+            for folder in (output_dir / "model", output_dir / "best_model"):
+                if folder.exists():
+                    _save_processor(folder, recipe["data"]["image_size"], args.arch)
             accelerator.print(f"final held-out accuracy {rows[-1]['eval_accuracy']}; model in {output_dir / 'model'}")
     accelerator.wait_for_everyone()
     accelerator.end_training()  # also tears down the process group
     return 0
 
 
-def _save_processor(folder: Path, image_size: int) -> None:
+def _save_processor(folder: Path, image_size: int, arch: str) -> None:
+    """The image processor that loads with the exported model (ViT's own for ``--arch euclidean``)."""
+    from transformers import ViTImageProcessor
+
     from polar_vit_hf import PolarViTImageProcessor
 
-    PolarViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(folder)
+    processor = ViTImageProcessor if arch == "euclidean" else PolarViTImageProcessor
+    processor(size={"height": image_size, "width": image_size}).save_pretrained(folder)
 
 
 if __name__ == "__main__":
