@@ -21,3 +21,18 @@ def _run_repo_script(relative: str) -> int:
 def precision_main() -> int:
     """``polar-vit-precision``: the Table 7 precision benchmark."""
     return _run_repo_script("benchmarks/precision.py")
+
+
+def pretrain_main() -> int:
+    """``polar-vit-pretrain``: ``training/pretrain.py``."""
+    return _run_repo_script("training/pretrain.py")
+
+
+def finetune_main() -> int:
+    """``polar-vit-finetune``: ``training/finetune.py``."""
+    return _run_repo_script("training/finetune.py")
+
+
+def demo_main() -> int:
+    """``polar-vit-demo``: ``training/demo.py`` (the digits demo)."""
+    return _run_repo_script("training/demo.py")
