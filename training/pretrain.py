@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "max_steps": max_steps, "lr": optim["lr"], "batch_size": batch})
     if accelerator.is_main_process:
         (output_dir / "recipe.json").write_text(json.dumps(recipe, indent=2))
+        (output_dir / "labels.json").write_text(json.dumps(data.id2label, indent=2))
     from tqdm.auto import tqdm
 
     progress = tqdm(total=max_steps, initial=state["step"], desc=f"pretrain {args.arch}", unit="step",

@@ -1,0 +1,182 @@
+"""Export a Polar-ViT training result to a Hub-ready folder.
+
+Run:  python conversion/export.py SOURCE OUT_DIR [--repo_id ORG/NAME] [--config config.json]
+                                  [--max_shard_size 2GB] [--allow-pickle]
+
+SOURCE may be
+* a ``save_pretrained`` folder or a ``Trainer`` output dir (``config.json`` + safetensors weights);
+* an output dir of ``training/pretrain.py`` (its ``model/`` folder, or ``--which best`` for
+  ``best_model/``; without them the newest ``checkpoints/step_N``, rebuilt from ``recipe.json``);
+* a single weights file with ``--config CONFIG`` (a ``config.json`` or a preset name):
+  ``.safetensors``, or a pickle (``.bin``/``.pt``/``.pth``) only with ``--allow-pickle``.
+
+OUT_DIR receives safetensors weights (sharded above ``--max_shard_size``), ``config.json`` with
+``architectures`` and an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and
+``AutoModelForImageClassification``, ``preprocessor_config.json`` with its ``AutoImageProcessor``
+``auto_map``, the ``modeling/`` source files, and a ``README.md`` model card rendered from
+``model_cards/template.md`` (metrics from the run's ``metrics.csv`` when present).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+
+class ExportError(RuntimeError):
+    """The source cannot be exported (unknown layout, refused pickle, mismatched weights)."""
+
+
+def _config(spec: str | None):
+    import polar_vit_hf as P
+
+    if spec is None:
+        raise ExportError("a single weights file needs --config (a config.json path or a preset name)")
+    if Path(spec).exists():
+        return P.PolarViTConfig.from_json_file(spec)
+    return P.PolarViTConfig.from_preset(spec)
+
+
+def _load_weights(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    if path.suffix in PICKLE_SUFFIXES:
+        if not allow_pickle:
+            raise ExportError(
+                f"{path.name} is a pickle file: loading pickles can execute arbitrary code, so export refuses "
+                f"them; re-save the weights with safetensors, or pass --allow-pickle if you trust the file"
+            )
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return state.get("state_dict", state) if isinstance(state, dict) else state
+    raise ExportError(f"{path}: unknown weights format (expected .safetensors, or a pickle with --allow-pickle)")
+
+
+def _from_state_dict(config, state: dict[str, torch.Tensor], origin: Path):
+    import polar_vit_hf as P
+
+    model = P.PolarViTForImageClassification(config)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as error:  # shape mismatches
+        raise ExportError(f"{origin}: weights do not match the config: {str(error).splitlines()[1].strip()}") from None
+    if missing or unexpected:
+        raise ExportError(f"{origin}: weights do not match the config (missing {sorted(missing)[:5]}, "
+                          f"unexpected {sorted(unexpected)[:5]})")
+    return model
+
+
+def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which: str = "last"):
+    """``(model, run_dir)``; ``run_dir`` is the pretraining output dir when there is one."""
+    import polar_vit_hf as P
+
+    if source.is_file():
+        return _from_state_dict(_config(config_spec), _load_weights(source, allow_pickle), source), None
+    if not source.is_dir():
+        raise ExportError(f"{source}: no such file or directory")
+    exported = source / ("best_model" if which == "best" else "model")
+    if (source / "config.json").exists():
+        if any(source.glob("*.safetensors")):
+            return P.PolarViTForImageClassification.from_pretrained(source), None
+        pickles = [p for p in source.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        if pickles:
+            config = P.PolarViTConfig.from_json_file(source / "config.json")
+            return _from_state_dict(config, _load_weights(pickles[0], allow_pickle), pickles[0]), None
+    if exported.is_dir():
+        return P.PolarViTForImageClassification.from_pretrained(exported), source
+    checkpoints = sorted((source / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[-1]))
+    checkpoints = [p for p in checkpoints if p.name.split("_")[-1].isdigit()]
+    if checkpoints and (source / "recipe.json").exists():
+        sys.path.insert(0, str(ROOT / "training"))
+        from pretrain import build_model
+
+        recipe = json.loads((source / "recipe.json").read_text())
+        weights = checkpoints[-1] / "model.safetensors"
+        if not weights.exists():
+            raise ExportError(f"{checkpoints[-1]} has no model.safetensors (incomplete checkpoint?)")
+        from safetensors.torch import load_file
+
+        labels = {int(k): v for k, v in json.loads((source / "labels.json").read_text()).items()} \
+            if (source / "labels.json").exists() else {i: str(i) for i in range(10)}
+        _, config = build_model(recipe, "polar", labels)
+        return _from_state_dict(config, load_file(weights), weights), source
+    raise ExportError(f"{source}: not a save_pretrained/Trainer folder, a pretraining output dir or a weights file")
+
+
+def run_results(run_dir: Path | None, dataset: str | None, split: str):
+    """Evaluation rows from a pretraining run's ``metrics.csv`` (the last recorded accuracy)."""
+    from polar_vit_hf.model_card import Result
+
+    if run_dir is None or not (run_dir / "metrics.csv").exists():
+        return []
+    with open(run_dir / "metrics.csv") as handle:
+        evaluated = [row for row in csv.DictReader(handle) if row.get("eval_accuracy")]
+    if not evaluated:
+        return []
+    return [Result(dataset or "held-out", split, float(evaluated[-1]["eval_accuracy"]))]
+
+
+def training_summary(run_dir: Path | None) -> str:
+    if run_dir is None or not (run_dir / "recipe.json").exists():
+        return "Training details were not recorded with this export."
+    recipe = json.loads((run_dir / "recipe.json").read_text())
+    optim, data = recipe["optim"], recipe["data"]
+    return (f"Trained with `training/pretrain.py` on `{data['dataset']}` at {data['image_size']} px: Riemannian AdamW, "
+            f"lr {optim['lr']}, weight decay {optim['weight_decay']}, global batch {optim['batch_size']} "
+            f"x {optim.get('grad_accum', 1)} accumulation, cosine schedule with warm-up, "
+            f"{optim.get('max_steps') or str(optim.get('epochs')) + ' epochs'} steps; augmentation "
+            f"`{json.dumps(recipe['augment'], sort_keys=True)}`.")
+
+
+def export(source: Path, out_dir: Path, repo_id: str | None = None, config_spec: str | None = None,
+           allow_pickle: bool = False, max_shard_size: str = "2GB", which: str = "last",
+           dataset: str | None = None, split: str = "test") -> Path:
+    import polar_vit_hf as P
+    from polar_vit_hf.model_card import render_model_card
+
+    model, run_dir = load_source(source, config_spec, allow_pickle, which)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, max_shard_size=max_shard_size)
+    size = model.config.image_size
+    P.PolarViTImageProcessor(size={"height": size, "width": size}).save_pretrained(out_dir)
+    if dataset is None and run_dir is not None and (run_dir / "recipe.json").exists():
+        dataset = json.loads((run_dir / "recipe.json").read_text())["data"]["dataset"]
+    repo_id = repo_id or f"polar-vit/{out_dir.name}"
+    card = render_model_card(model, repo_id, run_results(run_dir, dataset, split), training_summary(run_dir))
+    card.save(out_dir / "README.md")
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", type=Path)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--repo_id")
+    parser.add_argument("--config", help="config.json or preset name, for a single weights file")
+    parser.add_argument("--allow-pickle", action="store_true", dest="allow_pickle")
+    parser.add_argument("--max_shard_size", default="2GB")
+    parser.add_argument("--which", choices=("last", "best"), default="last")
+    parser.add_argument("--dataset", help="dataset name for the card (default: the run's recipe)")
+    parser.add_argument("--split", default="test", help="split the recorded accuracy was measured on")
+    args = parser.parse_args(argv)
+    try:
+        out = export(args.source, args.out_dir, args.repo_id, args.config, args.allow_pickle, args.max_shard_size,
+                     args.which, args.dataset, args.split)
+    except ExportError as error:
+        print(f"export: {error}", file=sys.stderr)
+        return 2
+    print(f"exported to {out}: {sorted(p.name for p in out.iterdir())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""conversion/export.py and the model card: from a short pretraining run to a Hub-ready folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from safetensors.torch import save_file
+
+import polar_vit_hf as P
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "conversion"))
+
+from export import ExportError, export  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    command = [sys.executable, str(ROOT / "training" / "pretrain.py"), "--output_dir", str(out), "--max_steps", "4",
+               "--save_steps", "4", "--eval_steps", "4", "--batch_size", "16", "--no_progress"]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_export_a_pretraining_run_with_its_model_card(run_dir, tmp_path):
+    out = export(run_dir, tmp_path / "polar-vit-demo", repo_id="user/polar-vit-demo", max_shard_size="100KB")
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "preprocessor_config.json", "README.md", "modeling_polar_vit.py", "geometry.py"} <= names
+    assert "model.safetensors.index.json" in names  # sharded above 100 KB
+    assert not any(n.endswith((".bin", ".pt")) for n in names)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["PolarViTForImageClassification"]
+    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForImageClassification"}
+    assert "AutoImageProcessor" in json.loads((out / "preprocessor_config.json").read_text())["auto_map"]
+    source = P.PolarViTForImageClassification.from_pretrained(run_dir / "model").eval()
+    exported = P.PolarViTForImageClassification.from_pretrained(out).eval()
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(source(x).logits, exported(x).logits)
+    # the card: metadata parsed back with huggingface_hub's card tools
+    card = ModelCard.load(out / "README.md")
+    data = card.data
+    assert data.library_name == "transformers" and data.pipeline_tag == "image-classification"
+    assert data.license == "apache-2.0" and {"hyperbolic", "vision-transformer"} <= set(data.tags)
+    assert data.datasets == ["digits"]
+    (result,) = data.eval_results
+    metrics = [r for r in (run_dir / "metrics.csv").read_text().splitlines()[1:] if r.split(",")[-1]]
+    assert result.metric_type == "accuracy" and result.dataset_split == "test"
+    assert abs(result.metric_value - float(metrics[-1].split(",")[-1])) < 1e-6
+    assert "k = 1.0" in card.text and "trust_remote_code=True" in card.text and "@article" in card.text
+
+
+def test_export_from_checkpoint_weights_file_and_pickle_refusal(run_dir, tmp_path):
+    only_checkpoints = tmp_path / "preempted"
+    only_checkpoints.mkdir()
+    for name in ("checkpoints", "recipe.json", "labels.json", "metrics.csv"):
+        src = run_dir / name
+        target = only_checkpoints / name
+        if src.is_dir():
+            import shutil
+
+            shutil.copytree(src, target)
+        else:
+            target.write_bytes(src.read_bytes())
+    out = export(only_checkpoints, tmp_path / "from-checkpoint")
+    reference = P.PolarViTForImageClassification.from_pretrained(run_dir / "model")
+    restored = P.PolarViTForImageClassification.from_pretrained(out)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(restored.state_dict()[name], tensor), name
+    weights = tmp_path / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, weights)
+    (tmp_path / "config.json").write_text(reference.config.to_json_string())
+    export(weights, tmp_path / "from-file", config_spec=str(tmp_path / "config.json"))
+    pickle = tmp_path / "weights.pt"
+    torch.save(reference.state_dict(), pickle)
+    with pytest.raises(ExportError, match="pickle"):
+        export(pickle, tmp_path / "refused", config_spec=str(tmp_path / "config.json"))
+    export(pickle, tmp_path / "allowed", config_spec=str(tmp_path / "config.json"), allow_pickle=True)
+    with pytest.raises(ExportError, match="do not match"):
+        export(weights, tmp_path / "mismatch", config_spec="tiny")
