@@ -87,3 +87,20 @@ def test_export_from_checkpoint_weights_file_and_pickle_refusal(run_dir, tmp_pat
     export(pickle, tmp_path / "allowed", config_spec=str(tmp_path / "config.json"), allow_pickle=True)
     with pytest.raises(ExportError, match="do not match"):
         export(weights, tmp_path / "mismatch", config_spec="tiny")
+
+
+def test_verify_loads_the_export_both_ways_and_catches_a_mismatch(run_dir, tmp_path):
+    from verify import MARKER, folder_digest, verify
+
+    out = export(run_dir, tmp_path / "verified")
+    assert verify(out, source=run_dir)
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["files"] == folder_digest(out)
+    # a folder whose weights differ from the source checkpoint fails, and gets no marker
+    tampered = export(run_dir, tmp_path / "tampered")
+    model = P.PolarViTForImageClassification.from_pretrained(tampered)
+    with torch.no_grad():
+        model.classifier.bias.add_(0.5)
+    model.save_pretrained(tampered)
+    assert not verify(tampered, source=run_dir)
+    assert not (tampered / MARKER).exists()
