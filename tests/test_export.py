@@ -104,3 +104,19 @@ def test_verify_loads_the_export_both_ways_and_catches_a_mismatch(run_dir, tmp_p
     model.save_pretrained(tampered)
     assert not verify(tampered, source=run_dir)
     assert not (tampered / MARKER).exists()
+
+
+def test_push_refuses_unverified_or_changed_folders_and_dry_runs(run_dir, tmp_path, capsys):
+    from push import PushError, push
+    from verify import MARKER, folder_digest
+
+    out = export(run_dir, tmp_path / "to-push")
+    with pytest.raises(PushError, match="has not passed verification"):
+        push(out, "user/polar-vit-demo", dry_run=True)
+    (out / MARKER).write_text(json.dumps({"tolerance": 1e-5, "files": folder_digest(out)}))
+    push(out, "user/polar-vit-demo", private=True, revision="v1", dry_run=True)
+    printed = capsys.readouterr().out
+    assert "would upload" in printed and "model.safetensors" in printed and "README.md" in printed
+    (out / "README.md").write_text("edited after verification")
+    with pytest.raises(PushError, match="changed since it was verified"):
+        push(out, "user/polar-vit-demo", dry_run=True)
