@@ -36,3 +36,18 @@ def finetune_main() -> int:
 def demo_main() -> int:
     """``polar-vit-demo``: ``training/demo.py`` (the digits demo)."""
     return _run_repo_script("training/demo.py")
+
+
+def export_main() -> int:
+    """``polar-vit-export``: ``conversion/export.py``."""
+    return _run_repo_script("conversion/export.py")
+
+
+def verify_main() -> int:
+    """``polar-vit-verify``: ``conversion/verify.py``."""
+    return _run_repo_script("conversion/verify.py")
+
+
+def push_main() -> int:
+    """``polar-vit-push``: ``conversion/push.py``."""
+    return _run_repo_script("conversion/push.py")

@@ -147,3 +147,23 @@ def test_augmentations_gradient_accumulation_and_the_euclidean_baseline(tmp_path
     model = ViTForImageClassification.from_pretrained(euclidean / "model")
     assert model.config.num_labels == 10
     assert type(AutoImageProcessor.from_pretrained(euclidean / "model")).__name__.startswith("ViTImageProcessor")
+
+
+def test_a_transformers_vit_checkpoint_starts_the_euclidean_baseline(tmp_path):
+    from transformers import ViTForImageClassification
+
+    import polar_vit_hf as P
+    from polar_vit_hf.baselines import euclidean_vit
+
+    torch.manual_seed(0)
+    vit = euclidean_vit(P.PolarViTConfig.from_preset("demo", num_labels=3))
+    source = tmp_path / "vit"
+    vit.save_pretrained(source)
+    out = tmp_path / "from-vit"
+    run(out, "--arch", "euclidean", "--init_from", str(source), "--max_steps", "1", "--save_steps", "1",
+        "--eval_steps", "1", "--lr", "0")
+    trained = ViTForImageClassification.from_pretrained(out / "model")
+    assert trained.config.num_labels == 10  # new head for the digits
+    name = "vit.encoder.layer.0.attention.attention.query.weight"
+    name = name if name in vit.state_dict() else next(k for k in vit.state_dict() if "query" in k or "q_proj" in k)
+    assert torch.equal(trained.state_dict()[name], vit.state_dict()[name])  # lr 0: the loaded weights survive

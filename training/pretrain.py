@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float)
     parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"))
     parser.add_argument("--num_workers", type=int, default=0)
+    parser.add_argument("--init_from", help="start from pretrained weights: a Polar-ViT folder, or for --arch euclidean "
+                        "a transformers ViTForImageClassification folder / Hub id (the head is re-initialised when "
+                        "the labels differ)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
     parser.add_argument("--no_progress", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -94,7 +97,8 @@ def apply_overrides(recipe: dict, args: argparse.Namespace) -> dict:
     return recipe
 
 
-def build_model(recipe: dict, arch: str, id2label: dict[int, str]):
+def build_model(recipe: dict, arch: str, id2label: dict[int, str], init_from: str | None = None):
+    """The model to train and its Polar-ViT config; ``init_from`` loads pretrained weights."""
     import polar_vit_hf as P
     from polar_vit_hf.baselines import euclidean_vit
 
@@ -102,7 +106,13 @@ def build_model(recipe: dict, arch: str, id2label: dict[int, str]):
     config = P.PolarViTConfig.from_preset(recipe["model"]["preset"], image_size=recipe["data"]["image_size"],
                                           id2label=id2label, label2id={v: k for k, v in id2label.items()},
                                           **overrides)
-    return (euclidean_vit(config) if arch == "euclidean" else P.PolarViTForImageClassification(config)), config
+    if init_from is None:
+        return (euclidean_vit(config) if arch == "euclidean" else P.PolarViTForImageClassification(config)), config
+    from transformers import ViTForImageClassification
+
+    cls = ViTForImageClassification if arch == "euclidean" else P.PolarViTForImageClassification
+    labels = dict(id2label=id2label, label2id={v: k for k, v in id2label.items()})
+    return cls.from_pretrained(init_from, ignore_mismatched_sizes=True, **labels), config
 
 
 def build_optimizer(model, arch: str, optim: dict) -> torch.optim.Optimizer:
@@ -256,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
     data = build_data(recipe["data"]["dataset"], recipe["data"]["image_size"], recipe["augment"], args.data_dir,
                       recipe["data"].get("train_split", "train"), recipe["data"].get("eval_split", "test"))
-    model, config = build_model(recipe, args.arch, data.id2label)
+    model, config = build_model(recipe, args.arch, data.id2label, args.init_from)
     optimizer = build_optimizer(model, args.arch, optim)
     batch = int(optim["batch_size"])
     if batch % accelerator.num_processes:
