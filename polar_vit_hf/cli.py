@@ -1,16 +1,16 @@
-"""Console entry points of polar-vit-hf."""
+"""Console entry points of polar-vit-hf: each runs a script of the source checkout."""
 
 from __future__ import annotations
 
 import runpy
 import sys
 from pathlib import Path
+from typing import Callable
 
 
 def _run_repo_script(relative: str) -> int:
     """Run a script that lives in the repository (benchmarks/, training/, conversion/)."""
-    root = Path(__file__).resolve().parents[1]
-    script = root / relative
+    script = Path(__file__).resolve().parents[1] / relative
     if not script.exists():
         raise SystemExit(f"{relative} is not available: run from a source checkout of polar-vit-hf")
     sys.argv[0] = str(script)
@@ -18,36 +18,18 @@ def _run_repo_script(relative: str) -> int:
     return 0
 
 
-def precision_main() -> int:
-    """``polar-vit-precision``: the Table 7 precision benchmark."""
-    return _run_repo_script("benchmarks/precision.py")
+def _entry(relative: str) -> Callable[[], int]:
+    def run() -> int:
+        return _run_repo_script(relative)
+
+    run.__doc__ = f"Run ``{relative}``."
+    return run
 
 
-def pretrain_main() -> int:
-    """``polar-vit-pretrain``: ``training/pretrain.py``."""
-    return _run_repo_script("training/pretrain.py")
-
-
-def finetune_main() -> int:
-    """``polar-vit-finetune``: ``training/finetune.py``."""
-    return _run_repo_script("training/finetune.py")
-
-
-def demo_main() -> int:
-    """``polar-vit-demo``: ``training/demo.py`` (the digits demo)."""
-    return _run_repo_script("training/demo.py")
-
-
-def export_main() -> int:
-    """``polar-vit-export``: ``conversion/export.py``."""
-    return _run_repo_script("conversion/export.py")
-
-
-def verify_main() -> int:
-    """``polar-vit-verify``: ``conversion/verify.py``."""
-    return _run_repo_script("conversion/verify.py")
-
-
-def push_main() -> int:
-    """``polar-vit-push``: ``conversion/push.py``."""
-    return _run_repo_script("conversion/push.py")
+precision_main = _entry("benchmarks/precision.py")  # polar-vit-precision
+pretrain_main = _entry("training/pretrain.py")  # polar-vit-pretrain
+finetune_main = _entry("training/finetune.py")  # polar-vit-finetune
+demo_main = _entry("training/demo.py")  # polar-vit-demo
+export_main = _entry("conversion/export.py")  # polar-vit-export
+verify_main = _entry("conversion/verify.py")  # polar-vit-verify
+push_main = _entry("conversion/push.py")  # polar-vit-push
