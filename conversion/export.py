@@ -85,8 +85,8 @@ def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which
         raise ExportError(f"{source}: no such file or directory")
     exported = source / ("best_model" if which == "best" else "model")
     if (source / "config.json").exists():
-        if any(source.glob("*.safetensors")):
-            return P.PolarViTForImageClassification.from_pretrained(source), None
+        if any(source.glob("*.safetensors")):  # save_pretrained / Trainer output: may hold run records
+            return P.PolarViTForImageClassification.from_pretrained(source), source
         pickles = [p for p in source.iterdir() if p.suffix in PICKLE_SUFFIXES]
         if pickles:
             config = P.PolarViTConfig.from_json_file(source / "config.json")
@@ -113,10 +113,19 @@ def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which
 
 
 def run_results(run_dir: Path | None, dataset: str | None, split: str):
-    """Evaluation rows from a pretraining run's ``metrics.csv`` (the last recorded accuracy)."""
+    """Evaluation rows: the last accuracy in a pretraining run's ``metrics.csv``, or a fine-tuning
+    run's ``eval_results.json`` (``Trainer.save_metrics``)."""
     from polar_vit_hf.model_card import Result
 
-    if run_dir is None or not (run_dir / "metrics.csv").exists():
+    if run_dir is None:
+        return []
+    if (run_dir / "eval_results.json").exists():
+        metrics = json.loads((run_dir / "eval_results.json").read_text())
+        if "eval_accuracy" not in metrics:
+            return []
+        return [Result(dataset or "held-out", split, float(metrics["eval_accuracy"]),
+                       metrics.get("eval_top_5_accuracy"))]
+    if not (run_dir / "metrics.csv").exists():
         return []
     with open(run_dir / "metrics.csv") as handle:
         evaluated = [row for row in csv.DictReader(handle) if row.get("eval_accuracy")]
@@ -125,7 +134,26 @@ def run_results(run_dir: Path | None, dataset: str | None, split: str):
     return [Result(dataset or "held-out", split, float(evaluated[-1]["eval_accuracy"]))]
 
 
+def run_dataset(run_dir: Path | None) -> tuple[str | None, str | None]:
+    """``(dataset, split)`` recorded by the pretraining (``recipe.json``) or fine-tuning (``run_info.json``) run."""
+    if run_dir is not None and (run_dir / "recipe.json").exists():
+        return json.loads((run_dir / "recipe.json").read_text())["data"]["dataset"], None
+    if run_dir is not None and (run_dir / "run_info.json").exists():
+        info = json.loads((run_dir / "run_info.json").read_text())
+        return info["dataset"], info["eval_split"]
+    return None, None
+
+
 def training_summary(run_dir: Path | None) -> str:
+    if run_dir is not None and (run_dir / "run_info.json").exists():
+        info = json.loads((run_dir / "run_info.json").read_text())
+        return (f"Fine-tuned from `{info['init_from']}` with `training/finetune.py` (transformers `Trainer`, "
+                f"H-CAST recipe) on `{info['dataset']}` at {info['image_size']} px: Riemannian AdamW, lr "
+                f"{info['lr']:.3g}, weight decay {info['weight_decay']}, effective batch {info['effective_batch']}, "
+                f"{info['steps']} steps ({info['warmup_steps']} warm-up, cosine), label smoothing "
+                f"{info['label_smoothing']}, Mixup {info['mixup']} / CutMix {info['cutmix']}, RandAugment "
+                f"`{info['rand_augment']}`, random erasing {info['random_erasing']}, stochastic depth "
+                f"{info['drop_path']}.")
     if run_dir is None or not (run_dir / "recipe.json").exists():
         return "Training details were not recorded with this export."
     recipe = json.loads((run_dir / "recipe.json").read_text())
@@ -139,7 +167,7 @@ def training_summary(run_dir: Path | None) -> str:
 
 def export(source: Path, out_dir: Path, repo_id: str | None = None, config_spec: str | None = None,
            allow_pickle: bool = False, max_shard_size: str = "2GB", which: str = "last",
-           dataset: str | None = None, split: str = "test") -> Path:
+           dataset: str | None = None, split: str | None = None) -> Path:
     import polar_vit_hf as P
     from polar_vit_hf.model_card import render_model_card
 
@@ -148,8 +176,8 @@ def export(source: Path, out_dir: Path, repo_id: str | None = None, config_spec:
     model.save_pretrained(out_dir, max_shard_size=max_shard_size)
     size = model.config.image_size
     P.PolarViTImageProcessor(size={"height": size, "width": size}).save_pretrained(out_dir)
-    if dataset is None and run_dir is not None and (run_dir / "recipe.json").exists():
-        dataset = json.loads((run_dir / "recipe.json").read_text())["data"]["dataset"]
+    recorded_dataset, recorded_split = run_dataset(run_dir)
+    dataset, split = dataset or recorded_dataset, split or recorded_split or "test"
     repo_id = repo_id or f"polar-vit/{out_dir.name}"
     card = render_model_card(model, repo_id, run_results(run_dir, dataset, split), training_summary(run_dir))
     card.save(out_dir / "README.md")
@@ -166,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_shard_size", default="2GB")
     parser.add_argument("--which", choices=("last", "best"), default="last")
     parser.add_argument("--dataset", help="dataset name for the card (default: the run's recipe)")
-    parser.add_argument("--split", default="test", help="split the recorded accuracy was measured on")
+    parser.add_argument("--split", help="split the recorded accuracy was measured on (default: the run's, or test)")
     args = parser.parse_args(argv)
     try:
         out = export(args.source, args.out_dir, args.repo_id, args.config, args.allow_pickle, args.max_shard_size,

@@ -40,6 +40,7 @@ def check_verified(folder: Path) -> dict[str, str]:
 
 def push(folder: Path, repo_id: str, private: bool = False, revision: str | None = None,
          message: str | None = None, dry_run: bool = False) -> str | None:
+    """Create the repo (and branch) if needed and upload the verified folder; returns the commit URL."""
     files = check_verified(folder)
     if dry_run:
         print(f"dry run: would upload {len(files)} files to {repo_id}"
@@ -47,8 +48,10 @@ def push(folder: Path, repo_id: str, private: bool = False, revision: str | None
         for name in sorted(files):
             print(f"  {name}  ({(folder / name).stat().st_size:,} bytes)")
         return None
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, get_token
 
+    if get_token() is None:
+        raise PushError("no Hugging Face token: set HF_TOKEN or run `hf auth login`")
     api = HfApi()
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     if revision and revision != "main":
@@ -56,8 +59,32 @@ def push(folder: Path, repo_id: str, private: bool = False, revision: str | None
     commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, revision=revision,
                                commit_message=message or f"Upload Polar-ViT ({len(files)} files)",
                                ignore_patterns=[MARKER])
-    print(f"pushed {len(files)} files to {commit.commit_url}")
+    print(f"pushed {len(files)} files to {commit.commit_url}\n"
+          f"check the upload: python conversion/verify.py {repo_id} --source {folder}"
+          f"{f' --revision {revision}' if revision else ''}")
     return commit.commit_url
+
+
+def publish(source: Path, repo_id: str | None = None, private: bool = False, revision: str | None = None,
+            out_dir: Path | None = None) -> bool:
+    """export -> verify -> push: a training output (any ``export.py`` source) to the Hub.
+
+    The folder goes to ``out_dir`` (default ``SOURCE/hub_export``); ``repo_id`` defaults to
+    ``<token's user>/<SOURCE name>``.  Returns False (and pushes nothing) if verification fails.
+    """
+    from export import export
+    from verify import verify
+
+    if repo_id is None:
+        from huggingface_hub import HfApi
+
+        repo_id = f"{HfApi().whoami()['name']}/{source.resolve().name}"
+    folder = export(source, out_dir or source / "hub_export", repo_id=repo_id)
+    if not verify(folder, source=source):
+        print(f"push: {folder} failed verification; nothing was pushed", file=sys.stderr)
+        return False
+    push(folder, repo_id, private=private, revision=revision)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,11 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--message")
     parser.add_argument("--dry-run", action="store_true", dest="dry_run")
     args = parser.parse_args(argv)
+    from huggingface_hub.errors import HfHubHTTPError
+
     try:
         push(args.folder, args.repo_id, args.private, args.revision, args.message, args.dry_run)
     except PushError as error:
         print(f"push: {error}", file=sys.stderr)
         return 2
+    except HfHubHTTPError as error:
+        print(f"push: the Hub refused the upload to {args.repo_id}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,19 +1,26 @@
 """Verify an exported Polar-ViT folder in fresh processes, the way users will load it.
 
 Run:  python conversion/verify.py DIR [--source SOURCE] [--tolerance 1e-5]
+      python conversion/verify.py REPO_ID --source DIR [--revision R]     (a pushed repo)
 
 1. reference logits on a fixed input batch (seeded noise plus real photographs that ship with
    scikit-image and scikit-learn) from SOURCE (any source ``export.py`` accepts) or, without it,
    from DIR loaded in this process;
-2. a fresh subprocess with ``polar_vit_hf`` installed loads DIR with
+2. a fresh subprocess with ``polar_vit_hf`` installed loads the target with
    ``AutoModelForImageClassification`` and ``pipeline("image-classification")``;
-3. a fresh subprocess where ``polar_vit_hf`` is not importable loads DIR with
+3. a fresh subprocess where ``polar_vit_hf`` is not importable loads the target with
    ``trust_remote_code=True`` (the shipped ``modeling/`` files) and runs the same pipeline.
 
 Both must reproduce the reference logits within ``--tolerance`` (max absolute difference; the same
 weights and the same code on the same machine give 0) and return labels of the model's
 ``id2label``.  Prints a report; exits 1 on any mismatch.  On success it writes
 ``DIR/.polar_vit_verified.json`` with the SHA-256 of every file, which ``push.py`` requires.
+
+With a Hub repo id as the target (after ``push.py``), the subprocesses download it into an empty
+cache from the endpoint in ``HF_ENDPOINT`` (token from ``HF_TOKEN`` / ``hf auth login``), the
+pipeline is built from the repo id alone (task from the card's ``pipeline_tag``), and every
+downloaded file must have the SHA-256 of the same file in SOURCE when SOURCE is the verified
+export folder that was pushed.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,6 +41,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".polar_vit_verified.json"
+REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 def folder_digest(folder: Path) -> dict[str, str]:
@@ -46,51 +55,85 @@ def sample_images() -> list[np.ndarray]:
     from skimage import data as skdata
     from sklearn.datasets import load_sample_images
 
-    return [skdata.astronaut(), skdata.chelsea(), skdata.coffee(), *load_sample_images().images]
+    return [np.array(image) for image in (skdata.astronaut(), skdata.chelsea(), skdata.coffee(),
+                                         *load_sample_images().images)]  # writable copies
 
 
 CHILD = textwrap.dedent(
     """
     import json, sys
-    if {block}:
+    args = json.loads(sys.argv[1])
+    remote = args["remote"]
+    if remote:
         sys.modules["polar_vit_hf"] = None  # the package must not be importable here
     else:
         import polar_vit_hf  # registers the Auto classes
-    import numpy as np, torch
+    import torch
     from PIL import Image
     from transformers import AutoModelForImageClassification, pipeline
-    folder, inputs, out = {folder!r}, {inputs!r}, {out!r}
-    remote = {block}
-    model = AutoModelForImageClassification.from_pretrained(folder, trust_remote_code=remote).eval()
-    batch = torch.load(inputs)
+    target, revision = args["target"], args["revision"]
+    model = AutoModelForImageClassification.from_pretrained(target, revision=revision, trust_remote_code=remote)
+    model.eval()
+    batch = torch.load(args["inputs"])
     with torch.no_grad():
         logits = model(pixel_values=batch["pixel_values"]).logits
-    classify = pipeline("image-classification", model=folder, trust_remote_code=remote)
+    classify = pipeline(args["task"], model=target, revision=revision, trust_remote_code=remote)
     labels = [classify(Image.fromarray(image.numpy()), top_k=1)[0]["label"] for image in batch["images"]]
-    torch.save({{"logits": logits, "labels": labels, "module": type(model).__module__}}, out)
+    torch.save({"logits": logits, "labels": labels, "module": type(model).__module__}, args["out"])
     """
 )
 
 
-def run_child(folder: Path, inputs: Path, block: bool, workdir: Path) -> dict:
+def run_child(target: str, inputs: Path, block: bool, workdir: Path, revision: str | None = None,
+              from_hub: bool = False) -> dict:
+    """Load ``target`` (folder or repo id) in a fresh interpreter; an empty cache, offline for folders."""
     out = workdir / f"child-{'remote' if block else 'package'}.pt"
-    env = {**os.environ, "HF_HOME": str(workdir / "hf-home"), "HF_HUB_OFFLINE": "1"}
-    script = CHILD.format(block=block, folder=str(folder), inputs=str(inputs), out=str(out))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
+    env = {**os.environ, "HF_HOME": str(workdir / f"hf-home-{'remote' if block else 'package'}")}
+    if not from_hub:
+        env["HF_HUB_OFFLINE"] = "1"
+    args = {"remote": block, "target": target, "revision": revision, "inputs": str(inputs), "out": str(out),
+            "task": None if from_hub else "image-classification"}  # from the Hub: the card's pipeline_tag
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env,
+                          timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"loading {'with trust_remote_code' if block else 'with polar_vit_hf'} failed:\n"
                            f"{done.stderr[-3000:]}")
     return torch.load(out, weights_only=False)
 
 
-def verify(folder: Path, source: Path | None = None, tolerance: float = 1e-5) -> bool:
+def is_repo_id(target: str | Path) -> bool:
+    """A Hub ``namespace/name`` rather than a local folder."""
+    return not Path(target).exists() and bool(REPO_ID.match(str(target)))
+
+
+def check_hub_files(repo_id: str, revision: str | None, source: Path, workdir: Path) -> bool:
+    """Download the repo into an empty cache and compare every file with ``source`` by SHA-256."""
+    from huggingface_hub import snapshot_download
+
+    local = Path(snapshot_download(repo_id, revision=revision, cache_dir=workdir / "snapshot"))
+    remote = {name: digest for name, digest in folder_digest(local).items() if name != ".gitattributes"}
+    expected = folder_digest(source)
+    differ = sorted(name for name in set(remote) | set(expected) if remote.get(name) != expected.get(name))
+    print(f"  {'files on the Hub':<32} {len(remote)} downloaded, "
+          f"{'SHA-256 equal to ' + str(source) if not differ else 'DIFFER from the source: ' + str(differ[:5])}")
+    return not differ
+
+
+def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e-5,
+           revision: str | None = None) -> bool:
+    """Load ``target`` (an export folder, or a pushed repo id with ``source``) both ways; see the module doc."""
     sys.path.insert(0, str(ROOT / "conversion"))
     import polar_vit_hf as P
     from export import load_source
 
+    from_hub = is_repo_id(target)
+    if from_hub and source is None:
+        raise ValueError(f"{target} is not a local folder; verifying a Hub repo needs --source (the exported folder)")
+    folder = Path(source if from_hub else target)
     model = (load_source(source, None, False)[0] if source else P.PolarViTForImageClassification.from_pretrained(folder))
     model.eval()
-    processor = P.PolarViTImageProcessor.from_pretrained(folder)
+    processor_from = folder if (folder / "preprocessor_config.json").exists() else str(target)
+    processor = P.PolarViTImageProcessor.from_pretrained(processor_from, revision=revision)
     images = sample_images()
     real = processor(images=images, return_tensors="pt")["pixel_values"]
     noise = torch.randn(2, *real.shape[1:], generator=torch.Generator().manual_seed(0))
@@ -104,10 +147,13 @@ def verify(folder: Path, source: Path | None = None, tolerance: float = 1e-5) ->
         inputs = workdir / "inputs.pt"
         torch.save({"pixel_values": pixel_values, "images": [torch.from_numpy(np.ascontiguousarray(i)) for i in images]},
                    inputs)
-        print(f"verify {folder}: {len(images)} photographs + 2 noise images, tolerance {tolerance:g}")
+        where = f"{target} on {os.environ.get('HF_ENDPOINT', 'the Hub')}" if from_hub else target
+        print(f"verify {where}: {len(images)} photographs + 2 noise images, tolerance {tolerance:g}")
+        if from_hub and (folder / MARKER).exists():  # a verified export folder: what push.py uploaded
+            ok &= check_hub_files(str(target), revision, folder, workdir)
         for block, name in ((False, "polar_vit_hf installed"), (True, "trust_remote_code, no package")):
             try:
-                result = run_child(folder, inputs, block, workdir)
+                result = run_child(str(target), inputs, block, workdir, revision, from_hub)
             except RuntimeError as error:
                 print(f"  {name:<32} FAILED to load: {error}")
                 ok = False
@@ -119,7 +165,7 @@ def verify(folder: Path, source: Path | None = None, tolerance: float = 1e-5) ->
             ok &= passed
             print(f"  {name:<32} max |logits diff| {diff:.2e}  pipeline labels {result['labels'][:3]}...  "
                   f"module {result['module']}  {'ok' if passed else 'MISMATCH'}")
-    if ok:
+    if ok and not from_hub:
         (folder / MARKER).write_text(json.dumps({"tolerance": tolerance, "files": folder_digest(folder)}, indent=2))
         print(f"verified: wrote {folder / MARKER}")
     return ok
@@ -127,11 +173,17 @@ def verify(folder: Path, source: Path | None = None, tolerance: float = 1e-5) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", type=Path)
-    parser.add_argument("--source", type=Path, help="the checkpoint the folder was exported from")
+    parser.add_argument("target", help="an exported folder, or the repo id it was pushed to")
+    parser.add_argument("--source", type=Path, help="the checkpoint (or, for a repo id, the folder) it came from")
+    parser.add_argument("--revision", help="branch or commit of a Hub repo")
     parser.add_argument("--tolerance", type=float, default=1e-5)
     args = parser.parse_args(argv)
-    return 0 if verify(args.folder, args.source, args.tolerance) else 1
+    target = args.target if is_repo_id(args.target) else Path(args.target)
+    if isinstance(target, Path) and not target.is_dir():
+        parser.error(f"{target} is neither a folder nor a Hub repo id (namespace/name)")
+    if isinstance(target, str) and args.source is None:
+        parser.error(f"verifying the Hub repo {target} needs --source, the folder that was pushed")
+    return 0 if verify(target, args.source, args.tolerance, args.revision) else 1
 
 
 if __name__ == "__main__":

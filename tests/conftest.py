@@ -26,3 +26,29 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory):
+    """A short pretraining run on the shipped digits data (4 steps), shared by the export and Hub tests."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("digits-run")
+    command = [sys.executable, str(root / "training" / "pretrain.py"), "--output_dir", str(out), "--max_steps", "4",
+               "--save_steps", "4", "--eval_steps", "4", "--batch_size", "16", "--no_progress"]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def local_hub():
+    """The local Hub server (tests/local_hub.py, test infrastructure) with one user and token."""
+    from local_hub import TEST_TOKEN, TEST_USER, LocalHub
+
+    with LocalHub(tokens={TEST_TOKEN: TEST_USER}) as hub:
+        yield hub

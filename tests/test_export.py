@@ -22,14 +22,8 @@ from export import ExportError, export  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("run")
-    command = [sys.executable, str(ROOT / "training" / "pretrain.py"), "--output_dir", str(out), "--max_steps", "4",
-               "--save_steps", "4", "--eval_steps", "4", "--batch_size", "16", "--no_progress"]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+def run_dir(digits_run) -> Path:
+    return digits_run
 
 
 def test_export_a_pretraining_run_with_its_model_card(run_dir, tmp_path):

@@ -1,13 +1,16 @@
-"""training/finetune.py: Trainer fine-tuning of a saved Polar-ViT on a local imagefolder."""
+"""training/finetune.py: Trainer fine-tuning of a saved Polar-ViT on a local imagefolder, pushed
+(export -> verify -> push) to the local Hub server."""
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
+import yaml
+from local_hub import TEST_TOKEN, TEST_USER
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -29,7 +32,7 @@ def make_imagefolder(root: Path, classes=(0, 1, 2), per_class=(16, 6)) -> None:
                 Image.fromarray(images[index]).save(folder / f"{index}.png")
 
 
-def test_finetune_with_trainer_on_a_local_imagefolder(tmp_path):
+def test_finetune_with_trainer_on_a_local_imagefolder_and_push(tmp_path, local_hub):
     torch.manual_seed(0)
     source = tmp_path / "pretrained"
     P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo")).save_pretrained(source)
@@ -38,9 +41,9 @@ def test_finetune_with_trainer_on_a_local_imagefolder(tmp_path):
     out = tmp_path / "finetuned"
     command = [sys.executable, str(ROOT / "training" / "finetune.py"), "--model", str(source), "--dataset",
                "imagefolder", "--data_dir", str(data), "--output_dir", str(out), "--max_steps", "4",
-               "--per_device_batch_size", "8", "--grad_accum", "1", "--warmup_epochs", "0"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+               "--per_device_batch_size", "8", "--grad_accum", "1", "--warmup_epochs", "0", "--push_to_hub"]
+    env = {**local_hub.client_env(tmp_path / "hf-home", TEST_TOKEN), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "held-out accuracy (test) at the last step:" in done.stdout
     model = P.PolarViTForImageClassification.from_pretrained(out)
@@ -52,3 +55,15 @@ def test_finetune_with_trainer_on_a_local_imagefolder(tmp_path):
     name = "polar_vit.layers.0.attention.q_proj.weight"
     assert (before[name] - after[name]).abs().max() < 0.05
     assert (out / "preprocessor_config.json").exists()
+    # --push_to_hub: exported with the card, verified, pushed to <user>/<output dir name>
+    assert "verified: wrote" in done.stdout and "pushed" in done.stdout
+    repo = local_hub.repos[f"{TEST_USER}/finetuned"]
+    files = repo.commits[repo.branches["main"]].files
+    assert {"config.json", "model.safetensors", "preprocessor_config.json", "modeling_polar_vit.py"} <= set(files)
+    readme = files["README.md"].content.decode()
+    card = yaml.safe_load(readme.split("---")[1])
+    assert card["pipeline_tag"] == "image-classification" and card["datasets"] == ["imagefolder"]
+    (result,) = card["model-index"][0]["results"]
+    accuracy = json.loads((out / "eval_results.json").read_text())["eval_accuracy"]
+    assert result["metrics"][0]["value"] == round(accuracy, 6) and result["dataset"]["split"] == "test"
+    assert "Fine-tuned from" in readme

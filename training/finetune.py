@@ -12,13 +12,17 @@ Every pretrained weight is loaded except the classifier, which is re-initialised
 labels (``ignore_mismatched_sizes``).  Defaults are the H-CAST recipe: 100 epochs, 5 warm-up,
 cosine, lr 5e-4 * B / 512 with B = 256, weight decay 0.05, label smoothing 0.1, Mixup 0.8,
 CutMix 1.0 (in the collator), RandAugment (m9, mstd 0.5), random erasing 0.25, stochastic depth
-0.1, no gradient clipping, at the pretrained model's resolution (224 x 224 for the ImageNet models).  Polar-ViT trains with Riemannian AdamW; accuracy comes from
-an ``evaluate`` metric kept in ``training/metrics/accuracy`` (works offline).
+0.1, no gradient clipping, at the pretrained model's resolution (224 x 224 for the ImageNet
+models).  Polar-ViT trains with Riemannian AdamW; accuracy comes from an ``evaluate`` metric kept
+in ``training/metrics/accuracy`` (works offline).  The output dir is a ``save_pretrained`` folder
+plus ``eval_results.json`` and ``run_info.json``, which ``conversion/export.py`` turns into the
+model card; ``--push_to_hub`` runs export -> verify -> push on it (``conversion/push.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -53,8 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--random_erasing", type=float, default=0.25)
     parser.add_argument("--drop_path", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--push_to_hub", action="store_true")
-    parser.add_argument("--hub_model_id")
+    parser.add_argument("--push_to_hub", action="store_true",
+                        help="export, verify and push the result (conversion/push.py publish) after training")
+    parser.add_argument("--hub_model_id", help="repo id to push to (default: <your user>/<output_dir name>)")
+    parser.add_argument("--hub_private", action="store_true")
     parser.add_argument("--trust_remote_code", action="store_true")
     return parser.parse_args(argv)
 
@@ -143,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     accuracy = evaluate.load(str(ROOT / "training" / "metrics" / "accuracy"))
 
     def compute_metrics(prediction):
-        return accuracy.compute(predictions=np.argmax(prediction.predictions, axis=-1),
-                                references=prediction.label_ids)
+        logits, labels = prediction.predictions, prediction.label_ids
+        metrics = accuracy.compute(predictions=np.argmax(logits, axis=-1), references=labels)
+        if logits.shape[-1] > 5:
+            top5 = np.argsort(-logits, axis=-1)[:, :5]
+            metrics["top_5_accuracy"] = float(np.mean(np.any(top5 == labels[:, None], axis=-1)))
+        return metrics
 
     training_args = TrainingArguments(
         output_dir=args.output_dir, num_train_epochs=args.epochs, max_steps=total,
@@ -152,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         gradient_accumulation_steps=args.grad_accum, learning_rate=lr, lr_scheduler_type="cosine",
         warmup_steps=warmup, max_grad_norm=0.0, eval_strategy="epoch" if args.max_steps <= 0 else "steps",
         eval_steps=None if args.max_steps <= 0 else total, save_strategy="no", logging_steps=10, seed=args.seed,
-        report_to=["tensorboard"], remove_unused_columns=False, push_to_hub=args.push_to_hub,
-        hub_model_id=args.hub_model_id, dataloader_drop_last=True,
+        report_to=["tensorboard"], remove_unused_columns=False, dataloader_drop_last=True,
     )
     trainer = SoftTargetTrainer(
         model=model, args=training_args, train_dataset=train, eval_dataset=held_out,
@@ -163,10 +172,22 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train()
     metrics = trainer.evaluate()
     trainer.save_model(args.output_dir)
+    trainer.save_metrics("eval", metrics)  # eval_results.json: the model card's evaluation table
     P.PolarViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(args.output_dir)
+    if trainer.is_world_process_zero():
+        run_info = {"script": "training/finetune.py", "init_from": args.model, "dataset": dataset,
+                    "image_size": image_size, "eval_split": args.eval_split, "lr": lr, "effective_batch": effective,
+                    "steps": total, "warmup_steps": warmup, "weight_decay": args.weight_decay,
+                    "label_smoothing": args.label_smoothing, "mixup": args.mixup, "cutmix": args.cutmix,
+                    "rand_augment": args.rand_augment, "random_erasing": args.random_erasing,
+                    "drop_path": args.drop_path}
+        (Path(args.output_dir) / "run_info.json").write_text(json.dumps(run_info, indent=2))
     print(f"held-out accuracy ({args.eval_split}) at the last step: {metrics.get('eval_accuracy')}")
-    if args.push_to_hub:
-        trainer.push_to_hub()
+    if args.push_to_hub and trainer.is_world_process_zero():
+        sys.path.insert(0, str(ROOT / "conversion"))
+        from push import publish
+
+        return 0 if publish(Path(args.output_dir), args.hub_model_id, private=args.hub_private) else 1
     return 0
 
 

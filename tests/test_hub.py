@@ -1,0 +1,170 @@
+"""Export -> verify -> push -> load back by repo id, against the local Hub server (tests/local_hub.py).
+
+Every client step runs in a fresh subprocess whose environment points the real ``huggingface_hub``
+and ``transformers`` at the local server (``HF_ENDPOINT``), with an empty ``HF_HOME`` and
+``HF_HUB_DISABLE_XET=1`` set before they are imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from local_hub import TEST_TOKEN as HUB_TOKEN
+from local_hub import TEST_USER as HUB_USER
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "conversion"))
+
+from export import export  # noqa: E402
+from verify import MARKER, folder_digest, verify  # noqa: E402
+
+REPO = f"{HUB_USER}/polar-vit-digits"
+
+
+@pytest.fixture(scope="module")
+def verified_export(digits_run, tmp_path_factory) -> Path:
+    """The short digits run, exported with its card and verified (offline) as push.py requires."""
+    out = export(digits_run, tmp_path_factory.mktemp("export") / "polar-vit-digits", repo_id=REPO)
+    assert verify(out, source=digits_run)
+    return out
+
+
+def run(args: list[str], env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"},
+                          cwd=ROOT, timeout=timeout)
+
+
+def client(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a client script in a fresh interpreter (the HF libraries see only the given environment)."""
+    return run(["-c", textwrap.dedent(code)], env)
+
+
+def test_push_then_load_back_by_repo_id_with_and_without_the_package(local_hub, verified_export, tmp_path):
+    env = local_hub.client_env(tmp_path / "hf-home", HUB_TOKEN)
+    pushed = run(["conversion/push.py", str(verified_export), REPO, "--message", "Polar-ViT digits demo"], env)
+    assert pushed.returncode == 0, pushed.stderr[-3000:]
+    assert f"{local_hub.endpoint}/{REPO}/commit/" in pushed.stdout
+    repo = local_hub.repos[REPO]
+    head = repo.commits[repo.branches["main"]]
+    assert head.title == "Polar-ViT digits demo"
+    assert set(head.files) == {".gitattributes", *folder_digest(verified_export)}  # the marker stays local
+    assert head.files["model.safetensors"].sha256 is not None  # weights went through LFS
+    assert head.files["config.json"].sha256 is None and head.files["config.json"].content is not None
+
+    # from the Hub, into empty caches: snapshot_download + SHA-256 of every file, then
+    # AutoModelForImageClassification.from_pretrained(REPO) and pipeline(model=REPO) with the package
+    # installed and with trust_remote_code=True where it is not importable
+    checked = run(["conversion/verify.py", REPO, "--source", str(verified_export)], env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
+    assert "SHA-256 equal to" in checked.stdout
+    assert checked.stdout.count(" ok") == 2, checked.stdout
+    assert "module transformers_modules" in checked.stdout  # the remote-code load used the downloaded files
+    downloads = [path for method, path in local_hub.requests if method == "GET" and "/resolve/" in path]
+    assert any(path.endswith("/modeling_polar_vit.py") for path in downloads)
+    assert any(path.startswith(f"/api/models/{REPO}") for _, path in local_hub.requests)  # pipeline_tag lookup
+    assert local_hub.unhandled == []
+
+    # pushing the same folder again changes nothing: unchanged files are skipped, no new commit
+    again = run(["conversion/push.py", str(verified_export), REPO], env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert repo.branches["main"] == head.oid
+
+
+def test_private_repo_on_a_branch_needs_the_token_and_the_revision(local_hub, verified_export, tmp_path):
+    private = f"{HUB_USER}/polar-vit-private"
+    with_token = local_hub.client_env(tmp_path / "home-1", HUB_TOKEN)
+    pushed = run(["conversion/push.py", str(verified_export), private, "--private", "--revision", "dev"], with_token)
+    assert pushed.returncode == 0, pushed.stderr[-3000:]
+    assert local_hub.repos[private].private
+    code = f"""
+        import polar_vit_hf, transformers
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
+        try:
+            hf_hub_download({private!r}, "config.json", revision="dev")
+            print("downloaded")
+        except RepositoryNotFoundError:
+            print("repo not found")
+        try:
+            hf_hub_download({private!r}, "config.json")  # main has only .gitattributes
+        except EntryNotFoundError:
+            print("entry not found on main")
+        except RepositoryNotFoundError:
+            print("repo not found on main")
+        try:
+            model = transformers.AutoModelForImageClassification.from_pretrained({private!r}, revision="dev")
+            print("loaded", type(model).__name__, model.config.num_labels)
+        except OSError as error:
+            print("OSError", str(error).splitlines()[0])
+        """
+    anonymous = client(code, local_hub.client_env(tmp_path / "home-2"))
+    assert anonymous.returncode == 0, anonymous.stderr[-3000:]
+    assert anonymous.stdout.splitlines() == ["repo not found", "repo not found on main",
+                                             anonymous.stdout.splitlines()[2]]
+    assert anonymous.stdout.splitlines()[2].startswith("OSError") and private in anonymous.stdout
+    owner = client(code, with_token)
+    assert owner.returncode == 0, owner.stderr[-3000:]
+    assert owner.stdout.splitlines() == ["downloaded", "entry not found on main",
+                                         "loaded PolarViTForImageClassification 10"]
+
+
+def test_push_refuses_without_a_valid_token_or_into_another_namespace(local_hub, verified_export, tmp_path):
+    no_token = run(["conversion/push.py", str(verified_export), f"{HUB_USER}/x"], local_hub.client_env(tmp_path))
+    assert no_token.returncode == 2 and "no Hugging Face token" in no_token.stderr
+    bad = run(["conversion/push.py", str(verified_export), f"{HUB_USER}/x"], local_hub.client_env(tmp_path, "hf_bad"))
+    assert bad.returncode == 1 and "the Hub refused the upload" in bad.stderr and "401" in bad.stderr
+    foreign = run(["conversion/push.py", str(verified_export), "someone-else/x"],
+                  local_hub.client_env(tmp_path, HUB_TOKEN))
+    assert foreign.returncode == 1 and "403" in foreign.stderr
+    assert f"{HUB_USER}/x" not in local_hub.repos and "someone-else/x" not in local_hub.repos
+
+
+def request(method: str, url: str, body: bytes | None = None, token: str | None = HUB_TOKEN,
+            content_type: str = "application/json") -> tuple[int, dict[str, str], bytes]:
+    headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers, method=method)) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def test_local_hub_error_semantics(local_hub):
+    """The server itself (test infrastructure): the status codes and headers the client relies on."""
+    hub = local_hub.endpoint
+    status, _, body = request("POST", f"{hub}/api/repos/create", json.dumps({"name": "semantics"}).encode())
+    assert status == 200 and json.loads(body)["url"] == f"{hub}/{HUB_USER}/semantics"
+    status, _, body = request("POST", f"{hub}/api/repos/create", json.dumps({"name": "semantics"}).encode())
+    assert status == 409 and "url" in json.loads(body)  # create_repo(exist_ok=True) reads it
+    head = local_hub.repos[f"{HUB_USER}/semantics"].branches["main"]
+    status, headers, _ = request("GET", f"{hub}/{HUB_USER}/semantics/resolve/main/missing.json")
+    assert status == 404 and headers["X-Error-Code"] == "EntryNotFound" and headers["X-Repo-Commit"] == head
+    status, headers, _ = request("GET", f"{hub}/{HUB_USER}/semantics/resolve/nope/.gitattributes")
+    assert status == 404 and headers["X-Error-Code"] == "RevisionNotFound"
+    status, headers, _ = request("HEAD", f"{hub}/{HUB_USER}/absent/resolve/main/config.json", token=None)
+    assert status == 401 and headers["X-Error-Code"] == "RepoNotFound"
+    status, headers, _ = request("GET", f"{hub}/{HUB_USER}/semantics/resolve/{head}/.gitattributes")
+    assert status == 200 and headers["X-Repo-Commit"] == head and headers["ETag"].startswith('"')
+    # LFS: content must hash to its oid; a commit may not reference an object never uploaded;
+    # a stale parentCommit is refused
+    status, _, _ = request("PUT", f"{local_hub.storage}/lfs/{'0' * 64}", b"not these bytes",
+                           content_type="application/octet-stream")
+    assert status == 400
+    commit = f"{hub}/api/models/{HUB_USER}/semantics/commit/main"
+    lines = [{"key": "header", "value": {"summary": "s"}},
+             {"key": "lfsFile", "value": {"path": "w.safetensors", "algo": "sha256", "oid": "1" * 64, "size": 3}}]
+    status, _, _ = request("POST", commit, b"\n".join(json.dumps(x).encode() for x in lines), content_type="application/x-ndjson")
+    assert status == 422
+    lines = [{"key": "header", "value": {"summary": "s", "parentCommit": "f" * 40}}]
+    status, _, _ = request("POST", commit, json.dumps(lines[0]).encode(), content_type="application/x-ndjson")
+    assert status == 412
+    status, _, _ = request("GET", f"{hub}/api/spaces/{HUB_USER}/semantics")
+    assert status == 501 and local_hub.unhandled[-1] == ("GET", f"/api/spaces/{HUB_USER}/semantics")
+    local_hub.unhandled.clear()
