@@ -149,8 +149,19 @@ def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e
                    inputs)
         where = f"{target} on {os.environ.get('HF_ENDPOINT', 'the Hub')}" if from_hub else target
         print(f"verify {where}: {len(images)} photographs + 2 noise images, tolerance {tolerance:g}")
-        if from_hub and (folder / MARKER).exists():  # a verified export folder: what push.py uploaded
-            ok &= check_hub_files(str(target), revision, folder, workdir)
+        if from_hub:
+            from huggingface_hub.errors import HfHubHTTPError
+
+            try:
+                if (folder / MARKER).exists():  # a verified export folder: what push.py uploaded
+                    ok &= check_hub_files(str(target), revision, folder, workdir)
+                else:
+                    from huggingface_hub import HfApi
+
+                    HfApi().model_info(str(target), revision=revision)
+            except HfHubHTTPError as error:
+                print(f"  {'the Hub':<32} FAILED: {str(error).splitlines()[0]} ({type(error).__name__})")
+                return False
         for block, name in ((False, "polar_vit_hf installed"), (True, "trust_remote_code, no package")):
             try:
                 result = run_child(str(target), inputs, block, workdir, revision, from_hub)

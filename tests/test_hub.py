@@ -124,6 +124,9 @@ def test_push_refuses_without_a_valid_token_or_into_another_namespace(local_hub,
                   local_hub.client_env(tmp_path, HUB_TOKEN))
     assert foreign.returncode == 1 and "403" in foreign.stderr
     assert f"{HUB_USER}/x" not in local_hub.repos and "someone-else/x" not in local_hub.repos
+    absent = run(["conversion/verify.py", f"{HUB_USER}/absent", "--source", str(verified_export)],
+                 local_hub.client_env(tmp_path, HUB_TOKEN))
+    assert absent.returncode == 1 and "FAILED" in absent.stdout and "RepositoryNotFoundError" in absent.stdout
 
 
 def request(method: str, url: str, body: bytes | None = None, token: str | None = HUB_TOKEN,
@@ -168,3 +171,31 @@ def test_local_hub_error_semantics(local_hub):
     status, _, _ = request("GET", f"{hub}/api/spaces/{HUB_USER}/semantics")
     assert status == 501 and local_hub.unhandled[-1] == ("GET", f"/api/spaces/{HUB_USER}/semantics")
     local_hub.unhandled.clear()
+
+
+def test_model_and_processor_push_to_hub_then_remote_code_load(local_hub, tmp_path):
+    """The standard ``PreTrainedModel.push_to_hub`` path ships the modeling files and the full auto_map."""
+    repo = f"{HUB_USER}/pushed-directly"
+    push = client(f"""
+        import torch, polar_vit_hf as P
+        torch.manual_seed(0)
+        model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo", num_labels=3))
+        model.push_to_hub({repo!r})
+        P.PolarViTImageProcessor(size={{"height": 32, "width": 32}}).push_to_hub({repo!r})
+        torch.save(model(torch.ones(1, 3, 32, 32)).logits, {str(tmp_path / "logits.pt")!r})
+        """, local_hub.client_env(tmp_path / "home-push", HUB_TOKEN))
+    assert push.returncode == 0, push.stderr[-3000:]
+    files = local_hub.repos[repo].commits[local_hub.repos[repo].branches["main"]].files
+    assert {"modeling_polar_vit.py", "geometry.py", "config.json", "preprocessor_config.json"} <= set(files)
+    load = client(f"""
+        import sys
+        sys.modules["polar_vit_hf"] = None
+        import torch
+        from transformers import AutoImageProcessor, AutoModelForImageClassification
+        model = AutoModelForImageClassification.from_pretrained({repo!r}, trust_remote_code=True).eval()
+        processor = AutoImageProcessor.from_pretrained({repo!r}, trust_remote_code=True)
+        expected = torch.load({str(tmp_path / "logits.pt")!r})
+        print(type(processor).__name__, float((model(torch.ones(1, 3, 32, 32)).logits - expected).abs().max()))
+        """, local_hub.client_env(tmp_path / "home-load"))
+    assert load.returncode == 0, load.stderr[-3000:]
+    assert load.stdout.split() == ["PolarViTImageProcessor", "0.0"]
