@@ -1,6 +1,7 @@
 """Single-layer expressivity test (paper Appendix E.3, Figure 1; protocol of van der Klis et al. 2026).
 
-Run:  python benchmarks/expressivity.py [--radii 1 2 ... 18] [--seeds 3] [--max-iters 10000]
+Run:  python benchmarks/expressivity.py [--radii 1 2 ... 18] [--seeds 3] [--max-iters 10000] [--lr 1e-3]
+          [--layers polar lorentz chen]
 
 One fully connected layer maps a fixed input point (radius 1) to a target point at distance
 ``R`` from the origin; SGD runs until the geodesic distance to the target falls below 0.1 (or the
@@ -77,8 +78,10 @@ def problem(radius: float, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor,
     return x_in.to(dtype), target.to(dtype)
 
 
-def run(kind: str, radii: list[float], seeds: int, dtype: torch.dtype, max_iters: int) -> dict[float, float]:
-    """Mean iterations to reach the target, per radius (``max_iters`` when not reached)."""
+def run(kind: str, radii: list[float], seeds: int, dtype: torch.dtype, max_iters: int,
+        lr: float = 1e-3) -> dict[float, float]:
+    """Mean iterations to reach the target, per radius (``max_iters`` when not reached); ``lr`` is
+    the SGD step of the polar-distance layers (Chen et al.'s layer always uses 0.1)."""
     polar = PolarOps()
     cases = [(r, s) for r in radii for s in range(seeds)]
     layers = [make_layer(kind, dtype, s) for _, s in cases]
@@ -86,7 +89,7 @@ def run(kind: str, radii: list[float], seeds: int, dtype: torch.dtype, max_iters
     base = make_layer(kind, dtype, 0).to("meta")
     inputs, targets = zip(*(problem(r, s, dtype) for r, s in cases))
     inputs, targets = torch.stack(inputs), torch.stack(targets)
-    lr = 0.1 if kind == "chen" else 1e-3
+    lr = 0.1 if kind == "chen" else lr
 
     def output_polar(p, b, x_in):
         if kind == "chen":
@@ -127,19 +130,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--radii", type=float, nargs="+", default=[float(r) for r in range(1, 19)])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--max-iters", type=int, default=10_000)
+    parser.add_argument("--lr", type=float, default=1e-3, help="SGD step of the polar-distance layers")
+    parser.add_argument("--layers", nargs="+", choices=("polar", "lorentz", "chen"), default=["polar", "lorentz", "chen"])
     parser.add_argument("--out", default="outputs/expressivity")
     args = parser.parse_args(argv)
     from tqdm.auto import tqdm
 
     labels = {"polar": "Polar-FC (Eq. 8)", "lorentz": "Lorentz FC, general form", "chen": "Lorentz FC (Chen et al. 2022)"}
+    labels = {kind: name for kind, name in labels.items() if kind in args.layers}
     runs = [(kind, dtype) for kind in labels for dtype in (torch.float32, torch.float64)]
     results = {}
     for kind, dtype in tqdm(runs, desc="layers x precisions", unit="run"):
-        results[(kind, dtype)] = run(kind, args.radii, args.seeds, dtype, args.max_iters)
+        results[(kind, dtype)] = run(kind, args.radii, args.seeds, dtype, args.max_iters, args.lr)
 
     names = [f"{labels[k]} {str(d).split('.')[-1]}" for k, d in runs]
     print(f"\nIterations to reach the target (distance < {THRESHOLD}); mean of {args.seeds} seeds; "
-          f"{args.max_iters} = not reached")
+          f"{args.max_iters} = not reached; lr {args.lr:g} (Chen et al.: 0.1)")
     print(f"{'R':>4} " + " ".join(f"{n[:26]:>27}" for n in names))
     for radius in args.radii:
         print(f"{radius:>4g} " + " ".join(f"{results[key][radius]:>27.0f}" for key in runs))
