@@ -30,8 +30,10 @@ REPO = f"{HUB_USER}/polar-vit-digits"
 
 @pytest.fixture(scope="module")
 def verified_export(digits_run, tmp_path_factory) -> Path:
-    """The short digits run, exported with its card and verified (offline) as push.py requires."""
-    out = export(digits_run, tmp_path_factory.mktemp("export") / "polar-vit-digits", repo_id=REPO)
+    """The short digits run, exported (sharded: the index path of from_pretrained is exercised over
+    HTTP too) with its card and verified (offline) as push.py requires."""
+    out = export(digits_run, tmp_path_factory.mktemp("export") / "polar-vit-digits", repo_id=REPO,
+                 max_shard_size="100KB")
     assert verify(out, source=digits_run)
     return out
 
@@ -55,7 +57,9 @@ def test_push_then_load_back_by_repo_id_with_and_without_the_package(local_hub, 
     head = repo.commits[repo.branches["main"]]
     assert head.title == "Polar-ViT digits demo"
     assert set(head.files) == {".gitattributes", *folder_digest(verified_export)}  # the marker stays local
-    assert head.files["model.safetensors"].sha256 is not None  # weights went through LFS
+    shards = [name for name in head.files if name.endswith(".safetensors")]
+    assert len(shards) > 1 and "model.safetensors.index.json" in head.files
+    assert all(head.files[name].sha256 is not None for name in shards)  # weights went through LFS
     assert head.files["config.json"].sha256 is None and head.files["config.json"].content is not None
 
     # from the Hub, into empty caches: snapshot_download + SHA-256 of every file, then
