@@ -47,18 +47,37 @@ def _config(spec: str | None):
 
 def _load_weights(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(path)
+        try:
+            return load_file(path)
+        except (SafetensorError, OSError) as error:
+            raise ExportError(f"{path}: not a readable safetensors file (truncated or corrupt?): {error}") from None
     if path.suffix in PICKLE_SUFFIXES:
         if not allow_pickle:
             raise ExportError(
                 f"{path.name} is a pickle file: loading pickles can execute arbitrary code, so export refuses "
                 f"them; re-save the weights with safetensors, or pass --allow-pickle if you trust the file"
             )
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # UnpicklingError, EOFError, RuntimeError from a damaged zip archive
+            raise ExportError(f"{path}: not a readable PyTorch weights file: {error}") from None
         return state.get("state_dict", state) if isinstance(state, dict) else state
     raise ExportError(f"{path}: unknown weights format (expected .safetensors, or a pickle with --allow-pickle)")
+
+
+def _from_folder(folder: Path):
+    """``from_pretrained`` of a saved folder, with damaged weights or config reported as ExportError."""
+    import polar_vit_hf as P
+    from safetensors import SafetensorError
+
+    try:
+        return P.PolarViTForImageClassification.from_pretrained(folder)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise ExportError(f"{folder}: could not load the saved model ({type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else ''})") from None
 
 
 def _from_state_dict(config, state: dict[str, torch.Tensor], origin: Path):
@@ -75,6 +94,14 @@ def _from_state_dict(config, state: dict[str, torch.Tensor], origin: Path):
     return model
 
 
+def check_finite(model, origin: Path) -> None:
+    """Refuse weights with NaN/Inf entries (a diverged run) rather than publish them."""
+    bad = [name for name, tensor in model.state_dict().items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise ExportError(f"{origin}: {len(bad)} weight tensors hold NaN/Inf (diverged training?): {bad[:5]}")
+
+
 def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which: str = "last"):
     """``(model, run_dir)``; ``run_dir`` is the pretraining output dir when there is one."""
     import polar_vit_hf as P
@@ -86,13 +113,13 @@ def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which
     exported = source / ("best_model" if which == "best" else "model")
     if (source / "config.json").exists():
         if any(source.glob("*.safetensors")):  # save_pretrained / Trainer output: may hold run records
-            return P.PolarViTForImageClassification.from_pretrained(source), source
+            return _from_folder(source), source
         pickles = [p for p in source.iterdir() if p.suffix in PICKLE_SUFFIXES]
         if pickles:
             config = P.PolarViTConfig.from_json_file(source / "config.json")
             return _from_state_dict(config, _load_weights(pickles[0], allow_pickle), pickles[0]), None
     if exported.is_dir():
-        return P.PolarViTForImageClassification.from_pretrained(exported), source
+        return _from_folder(exported), source
     checkpoints = sorted((source / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[-1]))
     checkpoints = [p for p in checkpoints if p.name.split("_")[-1].isdigit()]
     if checkpoints and (source / "recipe.json").exists():
@@ -172,6 +199,7 @@ def export(source: Path, out_dir: Path, repo_id: str | None = None, config_spec:
     from polar_vit_hf.model_card import render_model_card
 
     model, run_dir = load_source(source, config_spec, allow_pickle, which)
+    check_finite(model, source)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, max_shard_size=max_shard_size)
     size = model.config.image_size

@@ -83,6 +83,32 @@ def test_export_from_checkpoint_weights_file_and_pickle_refusal(run_dir, tmp_pat
         export(weights, tmp_path / "mismatch", config_spec="tiny")
 
 
+def test_export_refuses_damaged_or_diverged_weights(run_dir, tmp_path):
+    import shutil
+
+    reference = P.PolarViTForImageClassification.from_pretrained(run_dir / "model")
+    config = tmp_path / "config.json"
+    reference.config.to_json_file(config)
+    weights = tmp_path / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, weights)
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ExportError, match="not a readable safetensors file"):
+        export(truncated, tmp_path / "out-truncated", config_spec=str(config))
+    folder = tmp_path / "damaged-folder"
+    shutil.copytree(run_dir / "model", folder)
+    (folder / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(ExportError, match="could not load the saved model"):
+        export(folder, tmp_path / "out-folder")
+    state = {k: v.clone().contiguous() for k, v in reference.state_dict().items()}
+    state["classifier.bias"][0] = float("nan")
+    diverged = tmp_path / "diverged.safetensors"
+    save_file(state, diverged)
+    with pytest.raises(ExportError, match="NaN/Inf .*classifier.bias"):
+        export(diverged, tmp_path / "out-diverged", config_spec=str(config))
+    assert not (tmp_path / "out-diverged").exists()
+
+
 def test_verify_loads_the_export_both_ways_and_catches_a_mismatch(run_dir, tmp_path):
     from verify import MARKER, folder_digest, verify
 
