@@ -133,13 +133,15 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     assert max(float((expected[k] - got[k]).abs().max()) for k in expected) < 1e-3
 
 
-def test_augmentations_gradient_accumulation_and_the_euclidean_baseline(tmp_path):
+def test_augmentations_gradient_accumulation_calibration_and_the_euclidean_baseline(tmp_path):
     augmented = tmp_path / "augmented"
-    run(augmented, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "2", "--grad_accum", "2",
-        "--set", "augment.mixup=0.8", "--set", "augment.cutmix=1.0", "--set", "augment.mix_prob=1.0",
-        "--set", "augment.label_smoothing=0.1", "--set", "augment.auto_augment=randaugment",
-        "--set", "augment.random_erasing=0.25", "--set", "augment.random_resized_crop=true")
+    done = run(augmented, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "2", "--grad_accum", "2",
+               "--set", "augment.mixup=0.8", "--set", "augment.cutmix=1.0", "--set", "augment.mix_prob=1.0",
+               "--set", "augment.label_smoothing=0.1", "--set", "augment.auto_augment=randaugment",
+               "--set", "augment.random_erasing=0.25", "--set", "augment.random_resized_crop=true",
+               "--set", "model.calibrate_radius=2.5", "--set", "model.calibrate_images=8")
     assert len(losses(augmented)) == 2 and all(math.isfinite(x) for x in losses(augmented))
+    assert "calibrated 13 Polar-FC layers on 8 images" in done.stdout and "-> 2.5" in done.stdout
     euclidean = tmp_path / "euclidean"
     run(euclidean, "--arch", "euclidean", "--max_steps", "2", "--save_steps", "2", "--eval_steps", "2")
     from transformers import AutoImageProcessor, ViTForImageClassification

@@ -102,7 +102,7 @@ def build_model(recipe: dict, arch: str, id2label: dict[int, str], init_from: st
     import polar_vit_hf as P
     from polar_vit_hf.baselines import euclidean_vit
 
-    overrides = {k: v for k, v in recipe["model"].items() if k != "preset"}
+    overrides = {k: v for k, v in recipe["model"].items() if k not in ("preset", "calibrate_radius", "calibrate_images")}
     config = P.PolarViTConfig.from_preset(recipe["model"]["preset"], image_size=recipe["data"]["image_size"],
                                           id2label=id2label, label2id={v: k for k, v in id2label.items()},
                                           **overrides)
@@ -113,6 +113,23 @@ def build_model(recipe: dict, arch: str, id2label: dict[int, str], init_from: st
     cls = ViTForImageClassification if arch == "euclidean" else P.PolarViTForImageClassification
     labels = dict(id2label=id2label, label2id={v: k for k, v in id2label.items()})
     return cls.from_pretrained(init_from, ignore_mismatched_sizes=True, **labels), config
+
+
+def calibrate(model, recipe: dict, arch: str, train, accelerator: Accelerator) -> None:
+    """D.2 first-batch radius calibration when the recipe sets ``model.calibrate_radius``: the
+    first ``model.calibrate_images`` (default 32) training images, the same on every process (same
+    seed), so every rank ends with the same weights.  A resumed run then loads its checkpoint."""
+    radius = recipe["model"].get("calibrate_radius")
+    if radius is None or arch != "polar":
+        return
+    from polar_vit_hf.calibration import calibrate_radii
+
+    count = min(int(recipe["model"].get("calibrate_images", 32)), len(train))
+    pixels = torch.stack([train[i][0] for i in range(count)])
+    before = calibrate_radii(model, pixels, float(radius))
+    spread = [r for radii in before.values() for r in radii]
+    accelerator.print(f"calibrated {len(before)} Polar-FC layers on {count} images: median output radius "
+                      f"{min(spread):.2f}..{max(spread):.2f} -> {float(radius):g}")
 
 
 def build_optimizer(model, arch: str, optim: dict) -> torch.optim.Optimizer:
@@ -267,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     data = build_data(recipe["data"]["dataset"], recipe["data"]["image_size"], recipe["augment"], args.data_dir,
                       recipe["data"].get("train_split", "train"), recipe["data"].get("eval_split", "test"))
     model, config = build_model(recipe, args.arch, data.id2label, args.init_from)
+    calibrate(model, recipe, args.arch, data.train, accelerator)
     optimizer = build_optimizer(model, args.arch, optim)
     batch = int(optim["batch_size"])
     if batch % accelerator.num_processes:
