@@ -1,6 +1,7 @@
 """Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
 
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile]
+          [--models euclidean ambient polar polar-chunked]
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic, Polar-ViT in polar arithmetic
 (eager attention, the default below 1024 tokens on CPU) and with the chunked attention.
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="steps before timing (at least 1)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (long compile on CPU)")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                        help="which models to time (ratios need euclidean / ambient among them)")
     parser.add_argument("--out", default="outputs/step_time")
     parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     results = {}
-    for name in tqdm(MODELS, desc="models", unit="model"):
+    for name in tqdm(args.models, desc="models", unit="model"):
         command = [sys.executable, __file__, "--model", name, "--preset", args.preset, "--batch", str(args.batch),
                    "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
         if args.compile:
@@ -107,25 +110,29 @@ def main(argv: list[str] | None = None) -> int:
             print(done.stderr[-3000:], file=sys.stderr)
             return done.returncode
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        tqdm.write(f"{name}: {results[name]['median_s'] * 1e3:.0f} ms / step, "
+                   f"{results[name]['peak_growth_mib']:.0f} MiB")  # kept if a later model fails
 
-    base = results["euclidean"]["median_s"]
+    base = results["euclidean"]["median_s"] if "euclidean" in results else None
     print(f"\n{args.preset}, batch {args.batch}, forward + backward, {args.threads} CPU threads, "
           f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}")
     print(f"{'model':<36} {'params':>10} {'time / step':>12} {'vs Euclidean':>13} {'peak RSS growth':>16}")
     labels = {"euclidean": "Euclidean ViT (transformers)", "ambient": "Polar-ViT, ambient arithmetic",
               "polar": "Polar-ViT, polar arithmetic", "polar-chunked": "Polar-ViT, polar, chunked attention"}
-    for name in MODELS:
+    for name in args.models:
         r = results[name]
-        print(f"{labels[name]:<36} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {r['median_s'] / base:>12.2f}x "
+        ratio = f"{r['median_s'] / base:>12.2f}x" if base else f"{'-':>13}"
+        print(f"{labels[name]:<36} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {ratio} "
               f"{r['peak_growth_mib']:>12.0f} MiB")
-    print(f"polar / ambient: {results['polar']['median_s'] / results['ambient']['median_s']:.2f}x")
+    if {"polar", "ambient"} <= set(results):
+        print(f"polar / ambient: {results['polar']['median_s'] / results['ambient']['median_s']:.2f}x")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "step_time.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["model", "params", "median_s", "peak_growth_mib"])
-        for name in MODELS:
+        for name in args.models:
             writer.writerow([name, results[name]["params"], results[name]["median_s"], results[name]["peak_growth_mib"]])
     plot(results, labels, out / "step_time.png", args)
     print(f"wrote {out / 'step_time.csv'} and {out / 'step_time.png'}")
@@ -139,8 +146,8 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    names = list(MODELS)
-    colors = ["tab:gray", "tab:red", "tab:blue", "tab:cyan"]
+    names = list(results)
+    colors = [dict(zip(MODELS, ["tab:gray", "tab:red", "tab:blue", "tab:cyan"]))[n] for n in names]
     axes[0].bar([labels[n] for n in names], [results[n]["median_s"] * 1e3 for n in names], color=colors)
     axes[0].set_ylabel("ms / step (fwd + bwd)")
     axes[1].bar([labels[n] for n in names], [results[n]["peak_growth_mib"] for n in names], color=colors)
