@@ -15,9 +15,10 @@ import torch
 from torch import Tensor
 
 from .geometry import asinh_exp, asinhc_half, centroid, pairwise_sq_distance, safe_normalize, sq_distance_from_c
+from .fused import fused_polar_attention
 from .triton_attention import TRITON_AVAILABLE, triton_polar_attention
 
-IMPLEMENTATIONS = ("eager", "chunked", "triton")
+IMPLEMENTATIONS = ("eager", "fused", "chunked", "triton")
 DEFAULT_BLOCK = 128
 # ``auto`` on CPU: sequences at least this long use the chunked path (measured: benchmarks/attention.py)
 CHUNKED_MIN_TOKENS = 1024
@@ -230,12 +231,15 @@ def chunked_polar_attention(
     return _ChunkedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale_h, float(k), int(block))
 
 
-def select_implementation(requested: str, output_attentions: bool, device: torch.device, num_tokens: int) -> str:
+def select_implementation(
+    requested: str, output_attentions: bool, device: torch.device, num_tokens: int, fused: bool = True
+) -> str:
     """The implementation ``polar_attn_implementation`` resolves to.
 
     ``auto``: eager when attention probabilities are requested, Triton on CUDA (when available),
-    chunked on other devices for sequences of at least ``CHUNKED_MIN_TOKENS`` tokens, eager
-    otherwise.  An explicit choice is kept, except that probabilities always need eager.
+    chunked on other devices for sequences of at least ``CHUNKED_MIN_TOKENS`` tokens, and below
+    that the single-block fused function (``fused=True``, i.e. ``config.fused_ops``) or the eager
+    reference.  An explicit choice is kept, except that probabilities always need eager.
     """
     if output_attentions:
         return "eager"
@@ -243,7 +247,9 @@ def select_implementation(requested: str, output_attentions: bool, device: torch
         return requested
     if device.type == "cuda" and TRITON_AVAILABLE:
         return "triton"
-    return "chunked" if num_tokens >= CHUNKED_MIN_TOKENS else "eager"
+    if num_tokens >= CHUNKED_MIN_TOKENS:
+        return "chunked"
+    return "fused" if fused else "eager"
 
 
 def polar_attention(
@@ -276,6 +282,8 @@ def polar_attention(
         return chunked_polar_attention(rq, uq, rk, uk, rv, uv, scale, k)
     heads = uq.shape[1]
     scale_h = _scale_tensor(scale, heads, rq).reshape(-1).expand(heads).contiguous()
+    if impl == "fused":
+        return fused_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k)
     return triton_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k)
 
 
@@ -283,6 +291,7 @@ __all__ = [
     "IMPLEMENTATIONS",
     "chunked_polar_attention",
     "eager_polar_attention",
+    "fused_polar_attention",
     "polar_attention",
     "select_implementation",
 ]

@@ -16,7 +16,7 @@ READOUTS = ("centroid", "cls")
 HEADS = ("lorentz_mlr", "poincare_mlr", "tangent_linear")  # Bdeir et al. 2024 / HNN++ / hybrid
 ARITHMETICS = ("polar", "ambient")
 POSITION_EMBEDDINGS = ("learned", "sincos", "none")
-ATTENTION_IMPLEMENTATIONS = ("auto", "eager", "chunked", "triton")
+ATTENTION_IMPLEMENTATIONS = ("auto", "eager", "fused", "chunked", "triton")
 
 # Reserved space axes of every head for the 2-D relative positional encoding: one (ideal, shift)
 # pair per grid axis (rows, columns), Eq. 10 and Appendix C.2.
@@ -71,9 +71,13 @@ class PolarViTConfig(PreTrainedConfig):
         attention_temperature_init: initial learned temperature ``tau`` (Eq. 9).
         layer_norm_eps: ``epsilon`` of the gyro layer norm (Sec. 4.4).
         drop_path_rate: stochastic depth (scales the block output of a dropped sample to zero).
-        polar_attn_implementation: ``"auto"``, ``"eager"``, ``"chunked"`` or ``"triton"`` (see
-            ``attention.polar_attention``); ``"auto"`` picks Triton on CUDA, chunked on CPU for long
-            sequences and eager when attention probabilities are requested.
+        polar_attn_implementation: ``"auto"``, ``"eager"``, ``"fused"``, ``"chunked"`` or ``"triton"``
+            (see ``attention.polar_attention``); ``"auto"`` picks Triton on CUDA, chunked on CPU for long
+            sequences, the fused single-block function below that (eager with ``fused_ops=False``), and
+            eager when attention probabilities are requested.
+        fused_ops: run the polar layers as fused ``torch.autograd.Function``s with hand-derived backward
+            passes (:mod:`fused`, default) instead of the reference layers differentiated by autograd
+            (``False``); the two agree to rounding (float64: ~1e-12).  Ambient arithmetic is never fused.
         initializer_range: std of the truncated-normal init of Euclidean tables (positions, heads).
     """
 
@@ -101,6 +105,7 @@ class PolarViTConfig(PreTrainedConfig):
     layer_norm_eps: float = 1e-6
     drop_path_rate: float = 0.0
     polar_attn_implementation: str = "auto"
+    fused_ops: bool = True
     initializer_range: float = 0.02
 
     def __post_init__(self, **kwargs):
@@ -160,6 +165,8 @@ class PolarViTConfig(PreTrainedConfig):
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+        if not isinstance(self.fused_ops, bool):
+            raise ValueError(f"fused_ops must be True or False, got {self.fused_ops!r}")
         if not (0.0 <= float(self.drop_path_rate) < 1.0):
             raise ValueError(f"drop_path_rate must be in [0, 1), got {self.drop_path_rate}")
         if not (float(self.layer_norm_eps) > 0):

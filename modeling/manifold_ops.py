@@ -52,9 +52,10 @@ class PolarOps:
 
     name = "polar"
 
-    def __init__(self, k: float = 1.0):
+    def __init__(self, k: float = 1.0, fused: bool = False):
         self.k = float(k)
         self.sqrt_k = math.sqrt(self.k)
+        self.fused = bool(fused)  # layers call the fused functions of :mod:`fused` (polar arithmetic only)
 
     # packing -------------------------------------------------------------------------------
     @staticmethod
@@ -135,6 +136,9 @@ class AmbientOps(PolarOps):
 
     name = "ambient"
 
+    def __init__(self, k: float = 1.0):
+        super().__init__(k, fused=False)
+
     def make(self, r: Tensor, u: Tensor) -> Tensor:  # type: ignore[override]
         return to_ambient(r, u, self.k)
 
@@ -198,10 +202,10 @@ class AmbientOps(PolarOps):
         return ambient_direct_concat(p, self.k)
 
 
-def make_ops(arithmetic: str, k: float) -> PolarOps:
-    """The arithmetic named by ``config.arithmetic``."""
+def make_ops(arithmetic: str, k: float, fused: bool = False) -> PolarOps:
+    """The arithmetic named by ``config.arithmetic``; ``fused`` (``config.fused_ops``) applies to polar only."""
     if arithmetic == "polar":
-        return PolarOps(k)
+        return PolarOps(k, fused)
     if arithmetic == "ambient":
         return AmbientOps(k)
     raise ValueError(f"arithmetic={arithmetic!r} is not one of ('polar', 'ambient')")

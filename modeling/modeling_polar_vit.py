@@ -32,6 +32,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClass
 from .geometry import asinh_exp, cosh_sinhc_sq, perp, safe_normalize
 from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES, PolarViTConfig
+from .fused import fused_gyro_layer_norm, fused_polar_fc, fused_reserved_axes_encoding
 from .manifold_ops import PolarOps, make_ops
 
 # Parameters that are points of the manifold, stored as space coordinates (see module docstring).
@@ -108,8 +109,17 @@ class PolarFC(nn.Module):
             self.klein_weight = nn.Parameter(torch.zeros(heads, in_features))  # varphi
             self.radius_bias = nn.Parameter(torch.zeros(heads))  # varphi_0
 
+    def rule_parameters(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """``(beta, lambda, varphi, varphi_0)`` of the radius rule, or ``None`` for the Lorentz FC."""
+        if not self.radius_rule:
+            return None
+        return self.norm_power, self.radius_weight, self.klein_weight, self.radius_bias
+
     def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
         heads = self.num_heads or 1
+        if ops.fused:
+            out = fused_polar_fc(p, self.weight, self.rule_parameters(), self.sqrt_k, heads, self.activation)
+            return out if self.num_heads else out.squeeze(-2)
         h = F.linear(ops.unit_coords(p), self.weight).unflatten(-1, (heads, self.out_features))
         if self.activation is not None:
             h = self.activation(h)
@@ -166,6 +176,8 @@ class RelativePositionEncoding(nn.Module):
     def forward(self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: PolarOps) -> Tensor:
         """``p (B, N, H, d+1)`` -> same shape."""
         t_rows, t_cols = self.offsets(grid, num_prefix, p.dtype)
+        if ops.fused:
+            return fused_reserved_axes_encoding(p, t_rows, t_cols, self.kind, ops.sqrt_k)
         for t, (first, second) in zip((t_rows, t_cols), POSITION_AXES):
             if self.kind == "horoshift":
                 p = ops.horoshift(p, t, first, second)
@@ -219,7 +231,7 @@ class PolarSelfAttention(nn.Module):
         probs = None
         if ops.name == "polar":
             requested = self.config.polar_attn_implementation
-            impl = select_implementation(requested, output_attentions, p.device, p.shape[1])
+            impl = select_implementation(requested, output_attentions, p.device, p.shape[1], self.config.fused_ops)
             out = polar_attention(
                 q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], scale, self.k,
                 impl=impl, return_probs=output_attentions,
@@ -254,6 +266,8 @@ class GyroLayerNorm(nn.Module):
         return math.log(math.sqrt(self.k) * math.asinh(math.sqrt(self.hidden_size / self.k)))
 
     def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+        if ops.fused:
+            return fused_gyro_layer_norm(p, self.log_gain, self.bias_point.to(p.dtype), self.k, self.eps)
         batch, tokens = p.shape[0], p.shape[-2]
         uniform = p.new_full((batch, 1, tokens), 1.0 / tokens)
         mean = ops.centroid(p, uniform)  # (B, 1, n+1)
@@ -590,7 +604,6 @@ class PolarViTModel(PolarViTPreTrainedModel):
 
     def __init__(self, config: PolarViTConfig):
         super().__init__(config)
-        self.ops = make_ops(config.arithmetic, config.k)
         self.embeddings = PolarViTEmbeddings(config)
         depth = config.num_hidden_layers
         rates = [config.drop_path_rate * i / max(1, depth - 1) for i in range(depth)]
@@ -603,7 +616,11 @@ class PolarViTModel(PolarViTPreTrainedModel):
         """Switch between polar and ambient arithmetic in place (same parameters)."""
         self.config.arithmetic = arithmetic
         self.config.validate_polar_vit()
-        self.ops = make_ops(arithmetic, self.config.k)
+
+    @property
+    def ops(self) -> PolarOps:
+        """The arithmetic of ``config.arithmetic`` / ``config.fused_ops``, read at call time (both switch in place)."""
+        return make_ops(self.config.arithmetic, self.config.k, self.config.fused_ops)
 
     def forward(
         self,

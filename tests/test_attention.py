@@ -165,7 +165,8 @@ def test_select_implementation():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert select_implementation("auto", True, cuda, 4096) == "eager"
     assert select_implementation("auto", False, cpu, CHUNKED_MIN_TOKENS) == "chunked"
-    assert select_implementation("auto", False, cpu, 64) == "eager"
+    assert select_implementation("auto", False, cpu, 64) == "fused"
+    assert select_implementation("auto", False, cpu, 64, fused=False) == "eager"
     assert select_implementation("chunked", False, cpu, 64) == "chunked"
     assert select_implementation("chunked", True, cpu, 64) == "eager"
     if TRITON_AVAILABLE:

@@ -1,0 +1,788 @@
+"""Fused polar layers: ``torch.autograd.Function``s with hand-derived backward passes.
+
+The reference layers (``PolarViTConfig(fused_ops=False)``) are written with the small functions of
+:mod:`geometry` and differentiated by autograd, which saves every intermediate tensor and adds an
+autograd node per elementwise operation.  The functions here compute the same formulas (same
+equations, same non-negative sums, same log-domain radii) without autograd in the forward pass,
+save only what their backward pass needs (inputs, outputs and a few per-token or per-row scalars)
+and recompute the rest.
+
+Hyperbolic functions are evaluated through ``exp`` / ``expm1`` / ``log1p`` (:func:`sinh_cosh`,
+:func:`cosh_minus_one`, :func:`asinh_sqrt_half`): on the CPU, PyTorch's ``sinh``, ``cosh`` and
+``asinh`` run element by element in scalar code (10x the time of ``exp`` on AVX2), and every
+formula below keeps its terms of one sign, so nothing cancels.
+
+This module is part of the remote code of exported checkpoints: it imports only ``torch``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+GROUP_ELEMENTS = 1 << 18  # N x M elements per group of (batch, head) slices (cache-sized)
+_SERIES_C = 1e-4  # below this c, asinh(s)/s uses its Taylor series (as geometry.asinhc_half)
+
+
+# --------------------------------------------------------------------------------------------
+# scalar helpers (no input validation, no autograd of their own)
+# --------------------------------------------------------------------------------------------
+def sinh_cosh(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(sinh x, cosh x)`` from one ``expm1``: with ``t = e^{|x|} - 1 >= 0`` and ``q = e^{-|x|} = 1/(1 + t)``,
+
+    ``sinh |x| = t (1 + q) / 2`` (a product of positive factors: no cancellation at small ``|x|``),
+    ``cosh x = ((1 + t) + q) / 2``, and ``sinh x`` takes the sign of ``x``.  Using ``|x|`` keeps
+    ``1 + t`` away from 0 (``expm1(x)`` rounds to ``-1`` below ``x ~ -17`` in float32).
+    """
+    t = torch.expm1(x.abs())
+    q = torch.reciprocal(t + 1.0)
+    return torch.copysign(0.5 * t * (1.0 + q), x), 0.5 * (t + 1.0 + q)
+
+
+def cosh_minus_one(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``cosh x - 1 = 2 sinh^2(x/2) = t^2 e^{-|x|} / 2`` and ``sinh x``, from ``t = expm1(|x|)``.
+
+    The first term of the law of haversines (Eq. 5) for ``x = a - b``; both results are products
+    of positive factors (with the sign of ``x`` for ``sinh``).
+    """
+    t = torch.expm1(x.abs())
+    q = torch.reciprocal(t + 1.0)
+    return 0.5 * t * (t * q), torch.copysign(0.5 * t * (1.0 + q), x)
+
+
+def asinh_sqrt_half(c: Tensor) -> tuple[Tensor, Tensor]:
+    """``asinh(s)`` and ``sqrt(1 + s^2)`` for ``s = sqrt(c / 2)``, ``c >= 0``.
+
+    ``asinh s = log1p(s + s^2 / (1 + sqrt(1 + s^2)))``: every term is non-negative and ``s^2 = c/2``
+    is never formed by squaring, so it holds up to ``c`` at the float range.
+    """
+    s_sq = 0.5 * c
+    root = torch.sqrt(1.0 + s_sq)
+    return torch.log1p(torch.sqrt(s_sq) + s_sq / (1.0 + root)), root
+
+
+def distance_slope(c: Tensor, asinh_s: Tensor, root: Tensor) -> Tensor:
+    """``d(D^2)/dc = 2 asinh(s) / (s sqrt(1 + s^2))`` with ``D = 2 asinh(s)``, ``s = sqrt(c/2)``.
+
+    Smooth down to ``c = 0`` (series ``2 (1 - s^2/6 + 3 s^4/40)`` below ``c = 1e-4``).
+    """
+    small = c < _SERIES_C
+    s = torch.sqrt(torch.where(small, torch.ones_like(c), 0.5 * c))
+    s_sq = 0.5 * c
+    series = 1.0 - s_sq / 6.0 + 0.075 * s_sq * s_sq
+    return 2.0 * torch.where(small, series, asinh_s / s) / root
+
+
+def centroid_log_sinh(big_t: Tensor, big_e: Tensor, big_s: Tensor, v_norm: Tensor) -> Tensor:
+    """``ln sinh a_mu = ln ||V|| - 1/2 ln(E + S) - 1/2 ln(T + ||V||)`` (Eq. 22); ``-inf`` where ``V = 0``."""
+    return torch.log(v_norm) - 0.5 * torch.log(big_e + big_s) - 0.5 * torch.log(big_t + v_norm)
+
+
+def asinh_exp(log_value: Tensor) -> Tensor:
+    """``arsinh(e^l) = l + log1p(sqrt(1 + e^{-2l}))`` for ``l > 0``, ``log1p(e^l + e^{2l} / (1 + sqrt(1 + e^{2l})))`` else.
+
+    The same function as :func:`geometry.asinh_exp`, through ``exp`` / ``log1p`` only; ``l = -inf``
+    gives 0.
+    """
+    e = torch.exp(-log_value.abs())  # e^{-|l|} <= 1
+    root = torch.sqrt(1.0 + e * e)
+    large = log_value.clamp_min(0.0) + torch.log1p(root)
+    small = torch.log1p(e + e * e / (1.0 + root))
+    return torch.where(log_value > 0, large, small)
+
+
+def centroid_row_gradients(
+    grad_r: Tensor, grad_u: Tensor, big_t: Tensor, big_e: Tensor, big_s: Tensor, v_norm: Tensor, a_mu: Tensor,
+    u_hat: Tensor, k: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Backward of the centroid radius (Eq. 22) to the sums ``T, E, S`` (``g_S = g_E``) and the vector ``V``.
+
+    With ``l = ln ||V|| - 1/2 ln(E + S) - 1/2 ln(T + ||V||)`` and ``d a_mu / d l = tanh(a_mu)``,
+    returns ``(g_T, g_E, g_V, row_dot)`` where ``row_dot = g_T T + g_V . V + g_E (E + S)`` is the
+    row constant of the softmax backward when the sums are softmax-weighted.  Rows with ``V = 0``
+    (the origin) get zero gradients.
+    """
+    degenerate = v_norm <= 0
+    v_safe = torch.where(degenerate, torch.ones_like(v_norm), v_norm)
+    g_l = torch.where(degenerate, torch.zeros_like(a_mu), grad_r * math.sqrt(k) * torch.tanh(a_mu))
+    g_t = -0.5 * g_l / (big_t + v_norm)
+    g_e = -0.5 * g_l / (big_e + big_s)
+    radial = g_l * (1.0 / v_safe - 0.5 / (big_t + v_norm))
+    tangential = (grad_u - (grad_u * u_hat).sum(-1, keepdim=True) * u_hat) / v_safe.unsqueeze(-1)
+    g_v = radial.unsqueeze(-1) * u_hat + torch.where(degenerate.unsqueeze(-1), 0.0, tangential)
+    row_dot = g_t * big_t + (g_v * u_hat).sum(-1) * v_norm + g_e * (big_e + big_s)
+    return g_t, g_e, g_v, row_dot
+
+
+def _chord(u: Tensor, v: Tensor) -> Tensor:
+    """Exact pairwise chords ``1/2 ||u_i - v_j||^2`` from the differences (never ``1 - u.v``, App. D.1)."""
+    return torch.cdist(u, v, compute_mode="donot_use_mm_for_euclid_dist").square_().mul_(0.5)
+
+
+# --------------------------------------------------------------------------------------------
+# attention core
+# --------------------------------------------------------------------------------------------
+def _pair_chords(out: Tensor, tmp: Tensor, u_t: Tensor, v_t: Tensor) -> Tensor:
+    """``out = 1/2 ||u_i - v_j||^2`` for all pairs, from the exact coordinate differences (App. D.1).
+
+    ``u_t (G, d, N)``, ``v_t (G, d, M)`` (coordinates first), ``out``/``tmp`` ``(G, N, M)`` buffers: one
+    subtraction and one fused square-add per coordinate, never ``1 - u.v`` and never an
+    ``N x M x d`` tensor.
+    """
+    torch.sub(u_t[:, 0].unsqueeze(-1), v_t[:, 0].unsqueeze(-2), out=out)
+    out.mul_(out)
+    for coord in range(1, u_t.shape[1]):
+        torch.sub(u_t[:, coord].unsqueeze(-1), v_t[:, coord].unsqueeze(-2), out=tmp)
+        out.addcmul_(tmp, tmp)
+    return out.mul_(0.5)
+
+
+def _haversine_pairs(buf: list[Tensor], a: Tensor, sinh_a: Tensor, uq_t: Tensor, b: Tensor, sinh_b: Tensor,
+                     uk_t: Tensor) -> None:
+    """Eq. 5 for all query/key pairs of a group, into workspace buffers.
+
+    ``buf[0] = chord``, ``buf[1] = t = expm1(|a_i - b_j|)``, ``buf[2] = e^{-|a_i - b_j|}``,
+    ``buf[3] = c = t^2 e^{-|x|} / 2 + sinh a_i sinh b_j chord``, ``buf[4]`` is scratch.
+    """
+    chord, t, q, c, tmp = buf[:5]
+    _pair_chords(chord, tmp, uq_t, uk_t)
+    torch.sub(a.unsqueeze(-1), b.unsqueeze(-2), out=t).abs_().expm1_()
+    torch.add(t, 1.0, out=q).reciprocal_()
+    torch.mul(t, q, out=c).mul_(t).mul_(0.5)
+    torch.mul(chord, sinh_b.unsqueeze(-2), out=tmp)
+    c.addcmul_(tmp, sinh_a.unsqueeze(-1))
+
+
+def _asinh_pairs(asinh_s: Tensor, root: Tensor, tmp: Tensor, scratch: Tensor, c: Tensor) -> None:
+    """``asinh_s = asinh(s)``, ``root = sqrt(1 + s^2)`` for ``s^2 = c / 2`` (as :func:`asinh_sqrt_half`), in place."""
+    torch.mul(c, 0.5, out=tmp)  # s^2
+    torch.add(tmp, 1.0, out=root).sqrt_()
+    torch.sqrt(tmp, out=asinh_s)
+    asinh_s.add_(tmp.div_(torch.add(root, 1.0, out=scratch))).log1p_()
+
+
+def _centre(u: Tensor) -> Tensor:
+    """Mean direction ``(G, 1, d)`` for the centred chord gradient (Eq. 25), summed in float64.
+
+    Identical directions then give exactly their own value, so their centred differences vanish.
+    """
+    return u.double().mean(dim=-2, keepdim=True).to(u.dtype) if u.dtype != torch.float64 else u.mean(-2, keepdim=True)
+
+
+def _slice_groups(num_slices: int, n_q: int, n_k: int) -> list[slice]:
+    """Groups of ``(batch, head)`` slices whose ``N x M`` temporaries stay cache-sized (``GROUP_ELEMENTS``)."""
+    size = max(1, GROUP_ELEMENTS // max(1, n_q * n_k))
+    return [slice(start, start + size) for start in range(0, num_slices, size)]
+
+
+def _workspace(count: int, groups: list[slice], num_slices: int, n_q: int, n_k: int, like: Tensor) -> list[Tensor]:
+    """``count`` reusable ``(G, N, M)`` buffers for the largest group (fresh large tensors cost page faults)."""
+    size = min(num_slices, groups[0].stop - groups[0].start)
+    return [like.new_empty(size, n_q, n_k) for _ in range(count)]
+
+
+def _attention_forward(ws, rq, uq_t, rk, uk_t, rv, uv, uv_t, scale, k):
+    """Forward of :class:`FusedPolarAttention` on one group: ``(a_mu, u_hat, lse, T, E, S, ||V||)``."""
+    sk = math.sqrt(k)
+    a, b, beta = rq / sk, rk / sk, rv / sk
+    _haversine_pairs(ws, a, sinh_cosh(a)[0], uq_t, b, sinh_cosh(b)[0], uk_t)
+    chord, scores, scratch, c, tmp = ws[:5]
+    _asinh_pairs(scores, chord, tmp, scratch, c)
+    scores.square_().mul_(scale * (-4.0 * k))  # -scale k D^2
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = scores.sub_(lse.unsqueeze(-1)).exp_()
+    sinh_beta, cosh_beta = sinh_cosh(beta)
+    time_terms = probs @ torch.stack([cosh_beta, torch.exp(-beta)], dim=-1)  # (G, N, 2)
+    big_t, big_e = time_terms[..., 0], time_terms[..., 1]
+    big_v = probs @ (sinh_beta.unsqueeze(-1) * uv)
+    v_norm = torch.linalg.vector_norm(big_v, dim=-1)
+    nonzero = v_norm > 0
+    u_hat = big_v / torch.where(nonzero, v_norm, torch.ones_like(v_norm)).unsqueeze(-1)
+    u_hat[..., 0] = torch.where(nonzero, u_hat[..., 0], torch.ones_like(v_norm))  # origin: direction e_0
+    chord_v = _pair_chords(c, tmp, u_hat.transpose(-1, -2), uv_t)
+    big_s = (chord_v.mul_(probs) @ sinh_beta.unsqueeze(-1)).squeeze(-1)
+    log_sinh = centroid_log_sinh(big_t, big_e, big_s, v_norm)
+    a_mu = torch.where(nonzero, asinh_exp(log_sinh), torch.zeros_like(v_norm))
+    return a_mu, u_hat, lse, big_t, big_e, big_s, v_norm
+
+
+def _attention_backward(ws, grad_r, grad_u, rq, uq, uq_t, rk, uk, uk_t, rv, uv, uv_t, scale, k, lse, big_t, big_e,
+                        big_s, v_norm, a_mu, u_hat):
+    """Backward of :class:`FusedPolarAttention` on one group (see its docstring for the formulas)."""
+    sk = math.sqrt(k)
+    a, b, beta = rq / sk, rk / sk, rv / sk
+    sinh_a, cosh_a = sinh_cosh(a)
+    sinh_b, cosh_b = sinh_cosh(b)
+    sinh_beta, cosh_beta = sinh_cosh(beta)
+    exp_beta = torch.exp(-beta)
+    g_t, g_e, g_v, _ = centroid_row_gradients(grad_r, grad_u, big_t, big_e, big_s, v_norm, a_mu, u_hat, k)
+    # recompute Eq. 5 and the probabilities from the saved log-sum-exp
+    _haversine_pairs(ws, a, sinh_a, uq_t, b, sinh_b, uk_t)
+    chord, sinh_x, _, c, tmp, asinh_s, slope, probs, work = ws
+    t, q = ws[1], ws[2]
+    q.add_(1.0).mul_(t).mul_(0.5)  # sinh|a_i - b_j| = t (1 + e^{-|x|}) / 2
+    sinh_x = q.copysign_(torch.sub(a.unsqueeze(-1), b.unsqueeze(-2), out=tmp))
+    _asinh_pairs(asinh_s, slope, tmp, probs, c)  # slope holds sqrt(1 + s^2) for now
+    # dD^2/dc = 2 asinh(s) / (s sqrt(1 + s^2)), with the series 1 - s^2/6 + 3 s^4/40 of asinh(s)/s below c = 1e-4
+    torch.mul(c, 0.5, out=tmp)
+    torch.div(asinh_s, torch.sqrt(tmp, out=work), out=t)
+    series = torch.mul(tmp, 0.075, out=probs).sub_(1.0 / 6.0).mul_(tmp).add_(1.0)
+    torch.where(c < _SERIES_C, series, t, out=t)
+    slope = t.div_(slope).mul_(2.0)
+    torch.mul(asinh_s, asinh_s, out=probs).mul_(scale * (-4.0 * k))
+    probs.sub_(lse.unsqueeze(-1)).exp_()
+    # S is stationary in u_hat only in exact arithmetic: dS/du_hat = g_S (W (u_hat - v_bar) - sum_j w_ij (v_j - v_bar)),
+    # w_ij = P_ij sinh beta_j, W = sum_j w_ij, measures the rounding of u_hat; carried through u_hat = V / |V|
+    # it cancels that rounding in dL/dv (centred differences, Eq. 25, keep it exact for clustered values)
+    v_bar = _centre(uv)
+    sums = probs @ torch.cat([sinh_beta.unsqueeze(-1), sinh_beta.unsqueeze(-1) * (uv - v_bar)], dim=-1)
+    drift = g_e.unsqueeze(-1) * (sums[..., :1] * (u_hat - v_bar) - sums[..., 1:])
+    drift -= (drift * u_hat).sum(-1, keepdim=True) * u_hat
+    g_v = g_v + drift / torch.where(v_norm > 0, v_norm, torch.ones_like(v_norm)).unsqueeze(-1)
+    g_te = torch.stack([g_t, g_e], -1)  # (G, N, 2)
+    # dL/dP = (g_V . v_j + g_S chord(u_i, v_j)) sinh beta_j + g_T cosh beta_j + g_E e^{-beta_j}
+    value_terms = _pair_chords(c, tmp, u_hat.transpose(-1, -2), uv_t)
+    value_terms.mul_(g_e.unsqueeze(-1)).baddbmm_(g_v, uv_t)
+    g_p = torch.mul(value_terms, sinh_beta.unsqueeze(-2), out=work)
+    g_p.baddbmm_(g_te, torch.stack([cosh_beta, exp_beta], -2))
+    # values: radius and direction (the value chord gradient centred on the mean value direction, Eq. 25)
+    pt_g = probs.transpose(-1, -2) @ g_te  # (G, M, 2)
+    g_beta = sinh_beta * pt_g[..., 0] - exp_beta * pt_g[..., 1] + cosh_beta * value_terms.mul_(probs).sum(-2)
+    g_uv = sinh_beta.unsqueeze(-1) * (probs.transpose(-1, -2) @ (g_v - g_e.unsqueeze(-1) * (u_hat - v_bar))
+                                      + (uv - v_bar) * pt_g[..., 1:])
+    # softmax, scores and the scale
+    row_dot = torch.mul(probs, g_p, out=tmp).sum(-1, keepdim=True)
+    g_score = g_p.sub_(row_dot).mul_(probs)
+    g_scale = torch.mul(g_score, asinh_s, out=tmp).mul_(asinh_s).sum(dim=(1, 2)) * (-4.0 * k)
+    g_c = g_score.mul_(slope).mul_(scale * -k)
+    # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
+    g_c_sinh_x = torch.mul(g_c, sinh_x, out=tmp)
+    g_a = g_c_sinh_x.sum(-1)
+    g_b = -g_c_sinh_x.sum(-2)
+    chord_g = chord.mul_(g_c)
+    g_a += cosh_a * (chord_g @ sinh_b.unsqueeze(-1)).squeeze(-1)
+    g_b += cosh_b * (chord_g.transpose(-1, -2) @ sinh_a.unsqueeze(-1)).squeeze(-1)
+    k_bar = _centre(uk)
+    p_q, q_k = uq - k_bar, uk - k_bar
+    g_chord = g_c.mul_(sinh_b.unsqueeze(-2)).mul_(sinh_a.unsqueeze(-1))  # (G, N, M)
+    g_uq = p_q * g_chord.sum(-1, keepdim=True) - g_chord @ q_k
+    g_uk = q_k * g_chord.sum(-2).unsqueeze(-1) - g_chord.transpose(-1, -2) @ p_q
+    return g_a / sk, g_uq, g_b / sk, g_uk, g_beta / sk, g_uv, g_scale
+
+
+class FusedPolarAttention(torch.autograd.Function):
+    r"""Polar attention for sequences that fit one block: scores, softmax and centroid in one function.
+
+    Forward (per batch and head; queries ``(a_i, q_i)``, keys ``(b_j, k_j)``, values ``(beta_j, v_j)``,
+    radii divided by ``sqrt(k)``):
+
+        c_ij = (cosh(a_i - b_j) - 1) + sinh a_i sinh b_j 1/2 ||q_i - k_j||^2          (Eq. 5)
+        P_ij = softmax_j(-scale_h k D_ij^2),  D_ij = 2 asinh sqrt(c_ij / 2)              (Eq. 9)
+        T = P cosh(beta), E = P e^{-beta}, V = P (sinh(beta) v), S_i = sum_j P_ij sinh beta_j 1/2 ||u_i - v_j||^2
+
+    and the centroid radius of Eq. 22 with ``u_i = V_i / ||V_i||``.  Saved for backward: the inputs,
+    the output and the per-row ``(lse, T, E, S, ||V||)``: nothing of size ``N x M``.  Backward
+    recomputes ``P`` from ``lse`` and uses
+
+        dL/dP_ij = g_T cosh beta_j + g_E e^{-beta_j} + sinh beta_j (g_V . v_j + g_S chord(u_i, v_j))
+        dL/dscore_ij = P_ij (dL/dP_ij - sum_j' P_ij' dL/dP_ij')
+
+    (``S`` is stationary in ``u_i``, so ``u_i`` is held fixed in it), ``dD^2/dc`` from
+    :func:`distance_slope`, ``dc/da_i = sinh(a_i - b_j) + cosh a_i sinh b_j chord`` and the centred
+    chord gradient of Eq. 25.  The softmax row constant is summed from the very values the gradient
+    uses, so it cancels exactly where the score gradient vanishes (identical keys).  The
+    ``(batch, head)`` slices are processed in groups whose ``N x M`` temporaries stay cache-sized.
+    """
+
+    @staticmethod
+    def forward(ctx, rq, uq, rk, uk, rv, uv, scale, k):  # noqa: D102
+        batch, heads, n_q, _ = uq.shape
+        n_k = uk.shape[2]
+        flat = _flatten_attention_inputs(rq, uq, rk, uk, rv, uv)
+        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1).reshape(-1, 1, 1)
+        groups = _slice_groups(batch * heads, n_q, n_k)
+        ws = _workspace(5, groups, batch * heads, n_q, n_k, uq)
+        outputs = [rq.new_empty(batch * heads, n_q), uq.new_empty(batch * heads, n_q, uq.shape[-1])]
+        outputs += [rq.new_empty(batch * heads, n_q) for _ in range(5)]
+        for group in groups:
+            size = len(range(*group.indices(batch * heads)))
+            values = _attention_forward([w[:size] for w in ws], *(t[group] for t in flat[:7]), scale_g[group], k)
+            for out, value in zip(outputs, values):
+                out[group] = value
+        a_mu, u_hat, *stats = outputs
+        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, a_mu, u_hat, *stats)
+        ctx.k = k
+        return (math.sqrt(k) * a_mu).view_as(rq), u_hat.view_as(uq)
+
+    @staticmethod
+    def backward(ctx, grad_r, grad_u):  # noqa: D102
+        rq, uq, rk, uk, rv, uv, scale, a_mu, u_hat, lse, big_t, big_e, big_s, v_norm = ctx.saved_tensors
+        batch, heads, n_q, _ = uq.shape
+        n_k = uk.shape[2]
+        f_rq, f_uq_t, f_rk, f_uk_t, f_rv, f_uv, f_uv_t = _flatten_attention_inputs(rq, uq, rk, uk, rv, uv)
+        f_uq, f_uk = uq.flatten(0, 1), uk.flatten(0, 1)
+        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1).reshape(-1, 1, 1)
+        groups = _slice_groups(batch * heads, n_q, n_k)
+        ws = _workspace(9, groups, batch * heads, n_q, n_k, uq)
+        grads = [torch.empty_like(t) for t in (f_rq, f_uq, f_rk, f_uk, f_rv, f_uv)] + [rq.new_empty(batch * heads)]
+        row = (grad_r.flatten(0, 1), grad_u.flatten(0, 1))
+        saved = (lse, big_t, big_e, big_s, v_norm, a_mu, u_hat)
+        for group in groups:
+            size = len(range(*group.indices(batch * heads)))
+            values = _attention_backward(
+                [w[:size] for w in ws], *(t[group] for t in row), f_rq[group], f_uq[group], f_uq_t[group],
+                f_rk[group], f_uk[group], f_uk_t[group], f_rv[group], f_uv[group], f_uv_t[group], scale_g[group],
+                ctx.k, *(t[group] for t in saved))
+            for out, value in zip(grads, values):
+                out[group] = value
+        *grads, g_scale = grads
+        shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
+        return (*shaped, g_scale.view(batch, heads).sum(0), None)
+
+
+def _flatten_attention_inputs(rq, uq, rk, uk, rv, uv) -> list[Tensor]:
+    """``(G, N)`` radii, directions of queries and keys coordinates-first ``(G, d, N)``, values both ways."""
+    flat = lambda t: t.flatten(0, 1)  # noqa: E731
+    coords_first = lambda t: t.flatten(0, 1).transpose(-1, -2).contiguous()  # noqa: E731
+    return [flat(rq), coords_first(uq), flat(rk), coords_first(uk), flat(rv), flat(uv), coords_first(uv)]
+
+
+def fused_polar_attention(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor,
+                          k: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Polar attention (Eq. 9) in one fused function; ``scale`` is an ``(H,)`` tensor. See :class:`FusedPolarAttention`."""
+    return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k))
+
+
+# --------------------------------------------------------------------------------------------
+# Polar-FC (Eq. 8)
+# --------------------------------------------------------------------------------------------
+def _unit_coords(r: Tensor, u: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``x / sqrt(k) = (cosh a, sinh a u)`` (Eq. 2) as one ``(T, n+1)`` tensor, with ``a``, ``sinh a``, ``cosh a``."""
+    a = r / sqrt_k
+    sinh_a, cosh_a = sinh_cosh(a)
+    return torch.cat([cosh_a.unsqueeze(-1), u * sinh_a.unsqueeze(-1)], dim=-1), a, sinh_a, cosh_a
+
+
+class FusedPolarFC(torch.autograd.Function):
+    r"""``H`` Polar-FCs (Eq. 8) on tokens ``p = [r, u]`` ``(T, n+1)`` -> ``[r', u']`` ``(T, H, d+1)``.
+
+    ``h = phi(W x / sqrt(k))``, ``u' = h / ||h||``, ``l = beta ln||h|| + lambda a + varphi . (tanh(a) u) + varphi_0``,
+    ``r' = sqrt(k) arsinh(e^l)``; without the radius rule (``beta`` is ``None``) ``l = ln ||h||``.
+    Saved: the input, the output, ``||h||`` per head and the pre-activation (only with an
+    activation).  Backward, with ``g_l = sqrt(k) g_r' tanh(a')``:
+
+        g_h = (g_u' + (beta g_l - g_u'.u') u') / ||h||,   g_W = g_pre^T x,   g_x = g_pre W
+        g_a = g_x0 sinh a + cosh a (g_xs . u) + lambda . g_l + sech^2 a (u . varphi^T g_l),
+        g_u = sinh a g_xs + tanh a varphi^T g_l.
+    """
+
+    @staticmethod
+    def forward(ctx, p, weight, norm_power, radius_weight, klein_weight, radius_bias, sqrt_k, heads, activation):  # noqa: D102
+        x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
+        pre = (x @ weight.t()).view(p.shape[0], heads, -1)  # (T, H, d)
+        h = activation(pre) if activation is not None else pre
+        norm = torch.linalg.vector_norm(h, dim=-1)  # (T, H)
+        log_radius = torch.log(norm.clamp_min(1e-30))
+        if norm_power is not None:
+            tanh_a = torch.tanh(a).unsqueeze(-1)
+            log_radius = torch.addcmul(radius_bias + radius_weight * a.unsqueeze(-1),
+                                       norm_power, log_radius)
+            log_radius += tanh_a * (p[:, 1:] @ klein_weight.t())
+        direction = h / torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1)
+        direction[..., 0] = torch.where(norm > 0, direction[..., 0], torch.ones_like(norm))  # h = 0: direction e_0
+        out = torch.cat([asinh_exp(log_radius).mul_(sqrt_k).unsqueeze(-1), direction], dim=-1)
+        ctx.save_for_backward(p, weight, norm_power, radius_weight, klein_weight, out, norm,
+                              pre if activation is not None else None)
+        ctx.sqrt_k, ctx.activation = sqrt_k, activation
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: D102
+        p, weight, norm_power, radius_weight, klein_weight, out, norm, pre = ctx.saved_tensors
+        sqrt_k = ctx.sqrt_k
+        r, u = p[:, 0], p[:, 1:]
+        x, a, sinh_a, cosh_a = _unit_coords(r, u, sqrt_k)
+        u_out, g_u_out = out[..., 1:], grad_out[..., 1:]
+        g_l = grad_out[..., 0] * sqrt_k * torch.tanh(out[..., 0] / sqrt_k)  # (T, H)
+        coef = (g_l * norm_power if norm_power is not None else g_l) - (g_u_out * u_out).sum(-1)
+        nonzero = norm > 0
+        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+        g_h = torch.addcmul(g_u_out, coef.unsqueeze(-1), u_out).mul_(inv_norm.unsqueeze(-1))
+        if pre is not None:
+            with torch.enable_grad():
+                leaf = pre.detach().requires_grad_(True)
+                (g_pre,) = torch.autograd.grad(ctx.activation(leaf), leaf, g_h)
+        else:
+            g_pre = g_h
+        g_pre = g_pre.flatten(1)  # (T, H d)
+        g_weight = g_pre.t() @ x
+        g_x = g_pre @ weight
+        g_xs = g_x[:, 1:]
+        g_a = g_x[:, 0] * sinh_a + cosh_a * (g_xs * u).sum(-1)
+        g_u = g_xs.mul_(sinh_a.unsqueeze(-1))
+        grads_rule = (None, None, None, None)
+        if norm_power is not None:
+            log_norm = torch.log(norm.clamp_min(1e-30))
+            tanh_a = torch.tanh(a)
+            g_klein = g_l @ klein_weight  # (T, n): varphi^T g_l
+            g_a += g_l @ radius_weight + (u * g_klein).sum(-1) / cosh_a.square()
+            g_u += tanh_a.unsqueeze(-1) * g_klein
+            grads_rule = ((g_l * log_norm).sum(0), (g_l * a.unsqueeze(-1)).sum(0),
+                          (g_l * tanh_a.unsqueeze(-1)).t() @ u, g_l.sum(0))
+        g_p = torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1)
+        return (g_p, g_weight, *grads_rule, None, None, None)
+
+
+def fused_polar_fc(p: Tensor, weight: Tensor, rule: tuple[Tensor, Tensor, Tensor, Tensor] | None, sqrt_k: float,
+                   heads: int, activation=None) -> Tensor:
+    """``heads`` Polar-FCs (Eq. 8) on ``p (..., n+1)`` -> ``(..., heads, d+1)``; ``rule`` is
+    ``(beta, lambda, varphi, varphi_0)`` of shapes ``(H,), (H,), (H, n), (H,)`` or ``None`` (Lorentz FC)."""
+    rule = rule if rule is not None else (None, None, None, None)
+    out = FusedPolarFC.apply(p.reshape(-1, p.shape[-1]), weight, *rule, float(sqrt_k), int(heads), activation)
+    return out.view(*p.shape[:-1], heads, -1)
+
+
+# --------------------------------------------------------------------------------------------
+# gyrovector pieces shared by the gyro layer norm (Sec. 4.4, Eq. 20, 21)
+# --------------------------------------------------------------------------------------------
+def _polar_from_z(z: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(r, u, ||z||)`` of the point with space coordinates ``sqrt(k) z``: ``r = sqrt(k) asinh ||z||``, ``u = z / ||z||``."""
+    norm = torch.linalg.vector_norm(z, dim=-1)
+    nonzero = norm > 0
+    u = z / torch.where(nonzero, norm, torch.ones_like(norm)).unsqueeze(-1)
+    u[..., 0] = torch.where(nonzero, u[..., 0], torch.ones_like(norm))  # the origin: direction e_0
+    asinh_norm = torch.log1p(norm + norm * norm / (1.0 + torch.sqrt(1.0 + norm * norm)))
+    return sqrt_k * asinh_norm, u, norm
+
+
+def _polar_from_z_backward(g_r: Tensor, g_u: Tensor, u: Tensor, norm: Tensor, sqrt_k: float) -> Tensor:
+    """``dL/dz`` for :func:`_polar_from_z`: ``sqrt(k) g_r / sqrt(1 + |z|^2) u + (g_u - (g_u . u) u) / |z|`` (0 at ``z = 0``)."""
+    nonzero = norm > 0
+    inv = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    radial = torch.where(nonzero, sqrt_k * g_r / torch.sqrt(1.0 + norm * norm), torch.zeros_like(norm))
+    coef = radial - (g_u * u).sum(-1) * inv
+    return torch.addcmul(g_u * inv.unsqueeze(-1), coef.unsqueeze(-1), u)
+
+
+def _gyroadd_z(a: Tensor, u1: Tensor, b: Tensor, v: Tensor) -> tuple[Tensor, tuple]:
+    """``z`` of ``x (+) y`` (Eq. 20, 21; :func:`geometry.gyroadd`), ``x = (a, u1)``, ``y = (b, v)``, radii over ``sqrt(k)``.
+
+    ``d = v - s u1`` (``s = sign(u1 . v)``), ``h = 1/2 ||d||^2``, ``v_perp = d + s h u1``;
+    ``z_par = sinh a cosh b + cosh a sinh b (1 - h)`` (``s > 0``) or ``sinh(a - b) + cosh a sinh b h``;
+    ``z = z_par u1 + sinh b v_perp``.  Returns ``z`` and what the backward pass needs.
+    """
+    sinh_a, cosh_a = sinh_cosh(a)
+    sinh_b, cosh_b = sinh_cosh(b)
+    sign = torch.where((u1 * v).sum(-1) >= 0, 1.0, -1.0).to(v.dtype)
+    d = v - sign.unsqueeze(-1) * u1
+    h = 0.5 * d.square().sum(-1)
+    v_perp = torch.addcmul(d, (sign * h).unsqueeze(-1), u1)
+    sinh_ab, cosh_ab = sinh_cosh(a - b)
+    aligned = sign > 0
+    z_par = torch.where(aligned, sinh_a * cosh_b + cosh_a * sinh_b * (1.0 - h), sinh_ab + cosh_a * sinh_b * h)
+    z = torch.addcmul(z_par.unsqueeze(-1) * u1, sinh_b.unsqueeze(-1), v_perp)
+    return z, (sinh_a, cosh_a, sinh_b, cosh_b, cosh_ab, sign, d, h, v_perp, z_par, aligned)
+
+
+def _gyroadd_backward(g_z: Tensor, u1: Tensor, saved: tuple) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/da, dL/du1, dL/db, dL/dv)`` of :func:`_gyroadd_z` (unreduced, broadcast shapes)."""
+    sinh_a, cosh_a, sinh_b, cosh_b, cosh_ab, sign, d, h, v_perp, z_par, aligned = saved
+    g_zpar = (g_z * u1).sum(-1)
+    g_sinh_b = (g_z * v_perp).sum(-1)
+    g_vperp = g_z * sinh_b.unsqueeze(-1)
+    # z_par: the two branches of Eq. 20 / 21
+    g_a = g_zpar * torch.where(aligned, cosh_a * cosh_b + sinh_a * sinh_b * (1.0 - h), cosh_ab + sinh_a * sinh_b * h)
+    g_b = g_zpar * torch.where(aligned, sinh_a * sinh_b + cosh_a * cosh_b * (1.0 - h), cosh_a * cosh_b * h - cosh_ab)
+    g_h = g_zpar * torch.where(aligned, -cosh_a * sinh_b, cosh_a * sinh_b)
+    g_b = g_b + g_sinh_b * cosh_b
+    # v_perp = d + s h u1, h = 1/2 |d|^2, d = v - s u1
+    g_h = g_h + sign * (g_vperp * u1).sum(-1)
+    g_d = torch.addcmul(g_vperp, g_h.unsqueeze(-1), d)
+    g_u1 = g_z * z_par.unsqueeze(-1) + (sign * h).unsqueeze(-1) * g_vperp - sign.unsqueeze(-1) * g_d
+    return g_a, g_u1, g_b, g_d
+
+
+# --------------------------------------------------------------------------------------------
+# gyro layer normalisation (Sec. 4.4)
+# --------------------------------------------------------------------------------------------
+def _gyro_norm_forward(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> tuple[Tensor, dict]:
+    """Forward of :class:`FusedGyroLayerNorm`: the output ``(B, N, n+1)`` and the intermediates of its backward."""
+    sk = math.sqrt(k)
+    u = p[..., 1:]
+    a = p[..., 0] / sk
+    tokens = a.shape[-1]
+    sinh_a, cosh_a = sinh_cosh(a)
+    exp_a = torch.exp(-a)
+    # centroid of the sample's tokens with weights 1/N (Eq. 6, 7, 22)
+    big_t, big_e = cosh_a.mean(-1), exp_a.mean(-1)
+    big_v = (sinh_a.unsqueeze(-2) @ u).squeeze(-2) / tokens  # (B, n)
+    v_norm = torch.linalg.vector_norm(big_v, dim=-1)
+    nonzero = v_norm > 0
+    u_hat = big_v / torch.where(nonzero, v_norm, torch.ones_like(v_norm)).unsqueeze(-1)
+    u_hat[..., 0] = torch.where(nonzero, u_hat[..., 0], torch.ones_like(v_norm))
+    diff = u - u_hat.unsqueeze(-2)  # exact differences for the chords (App. D.1)
+    chord = 0.5 * diff.square().sum(-1)  # (B, N)
+    big_s = (sinh_a * chord).mean(-1)
+    a_m = torch.where(nonzero, asinh_exp(centroid_log_sinh(big_t, big_e, big_s, v_norm)), torch.zeros_like(v_norm))
+    sinh_m, cosh_m = sinh_cosh(a_m)
+    # dispersion: mean squared distance to the centroid (Eq. 5)
+    c, sinh_x = cosh_minus_one(a - a_m.unsqueeze(-1))
+    c += sinh_a * sinh_m.unsqueeze(-1) * chord
+    asinh_s, root = asinh_sqrt_half(c)
+    variance = asinh_s.square().mean(-1) * (4.0 * k)
+    # centring (-)m (+) x (Eq. 21), radius scaling, bias point b (+) . (Eq. 20)
+    z1, saved1 = _gyroadd_z(a_m.unsqueeze(-1), -u_hat.unsqueeze(-2), a, u)
+    r_y, u_y, norm1 = _polar_from_z(z1, sk)
+    factor = torch.exp(log_gain) / torch.sqrt(variance + eps)  # (B,)
+    b = r_y * factor.unsqueeze(-1) / sk
+    big_x = bias / sk
+    x_sq = big_x.square().sum()
+    near = x_sq <= 1.0
+    # eager: only the branch in use; under torch.compile both, selected by torch.where (no data-dependent if)
+    branches = ("near", "far") if torch.compiler.is_compiling() else (("near",) if near else ("far",))
+    z_parts, saved2 = {}, {}
+    if "near" in branches:  # near the origin: Eq. 20 directly (smooth at b = o), as geometry.gyroadd_space
+        sinh_b, cosh_b = sinh_cosh(b)
+        x_dot_u = u_y @ big_x
+        denom = torch.sqrt(1.0 + x_sq) + 1.0
+        coef = x_dot_u * sinh_b / denom + cosh_b
+        z_parts["near"] = sinh_b.unsqueeze(-1) * u_y + coef.unsqueeze(-1) * big_x
+        saved2["near"] = (sinh_b, cosh_b, x_dot_u, denom, coef)
+    if "far" in branches:  # beyond: the polar gyroaddition (Eq. 21) with the bias point in polar form
+        far_x = torch.where(near, torch.ones_like(big_x), big_x)
+        far_norm = torch.linalg.vector_norm(far_x)
+        z_parts["far"], saved2["far"] = _gyroadd_z(torch.asinh(far_norm), far_x / far_norm, b, u_y)
+        saved2["far_x"] = (far_x, far_norm)
+    z2 = z_parts[branches[0]] if len(branches) == 1 else torch.where(near, z_parts["near"], z_parts["far"])
+    r_out, u_out, norm2 = _polar_from_z(z2, sk)
+    out = torch.cat([r_out.unsqueeze(-1), u_out], dim=-1)
+    state = dict(a=a, u=u, sinh_a=sinh_a, cosh_a=cosh_a, exp_a=exp_a, big_t=big_t, big_e=big_e, big_s=big_s,
+                 v_norm=v_norm, u_hat=u_hat, diff=diff, chord=chord, a_m=a_m, sinh_m=sinh_m, cosh_m=cosh_m, c=c,
+                 sinh_x=sinh_x, asinh_s=asinh_s, root=root, variance=variance, saved1=saved1, r_y=r_y, u_y=u_y,
+                 norm1=norm1, factor=factor, b=b, big_x=big_x, x_sq=x_sq, near=near, saved2=saved2, u_out=u_out, norm2=norm2)
+    return out, state
+
+
+def _gyro_norm_backward(grad: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float, st: dict):
+    """Backward of :class:`FusedGyroLayerNorm`, from the intermediates of :func:`_gyro_norm_forward`."""
+    sk = math.sqrt(k)
+    tokens = st["a"].shape[-1]
+    g_z2 = _polar_from_z_backward(grad[..., 0], grad[..., 1:], st["u_out"], st["norm2"], sk)
+    big_x, u_y, near, saved2 = st["big_x"], st["u_y"], st["near"], st["saved2"]
+    both = len(saved2) > 2
+    g_b, g_u_y, g_bias = 0.0, 0.0, 0.0
+    if "near" in saved2:
+        sinh_b, cosh_b, x_dot_u, denom, coef = saved2["near"]
+        g_z = torch.where(near, g_z2, 0.0) if both else g_z2
+        g_coef = g_z @ big_x
+        g_x_dot_u = g_coef * sinh_b / denom
+        g_sinh_b = (g_z * u_y).sum(-1) + g_coef * x_dot_u / denom
+        g_denom = -(g_coef * x_dot_u * sinh_b).sum() / denom**2
+        g_big_x = (coef.unsqueeze(-1) * g_z + g_x_dot_u.unsqueeze(-1) * u_y).flatten(0, -2).sum(0)
+        g_big_x = g_big_x + big_x * (g_denom / torch.sqrt(1.0 + st["x_sq"]))
+        g_u_y = g_u_y + torch.addcmul(g_z * sinh_b.unsqueeze(-1), g_x_dot_u.unsqueeze(-1), big_x)
+        g_b = g_b + g_sinh_b * cosh_b + g_coef * sinh_b
+        g_bias = g_bias + (torch.where(near, g_big_x, 0.0) if both else g_big_x) / sk
+    if "far" in saved2:
+        far_x, far_norm = saved2["far_x"]
+        u_bias = far_x / far_norm
+        g_z = torch.where(near, 0.0, g_z2) if both else g_z2
+        g_a_bias, g_u_bias, g_b_far, g_u_far = _gyroadd_backward(g_z, u_bias, saved2["far"])
+        g_a_bias, g_u_bias = g_a_bias.sum(), g_u_bias.flatten(0, -2).sum(0)
+        g_far_x = (g_a_bias / torch.sqrt(1.0 + far_norm**2)) * u_bias + (
+            g_u_bias - (g_u_bias @ u_bias) * u_bias) / far_norm
+        g_b, g_u_y = g_b + g_b_far, g_u_y + g_u_far
+        g_bias = g_bias + (torch.where(near, 0.0, g_far_x) if both else g_far_x) / sk
+    # radius scaling r_y -> factor r_y, factor = e^{log_gain} / sqrt(variance + eps)
+    factor = st["factor"]
+    g_r_y = g_b * factor.unsqueeze(-1) / sk
+    g_factor = (g_b * st["r_y"]).sum(-1) / sk
+    g_log_gain = (g_factor * factor).sum()
+    g_variance = -0.5 * g_factor * factor / (st["variance"] + eps)
+    # centring
+    g_z1 = _polar_from_z_backward(g_r_y, g_u_y, u_y, st["norm1"], sk)
+    u_hat = st["u_hat"]
+    g_a_m, g_u1, g_a, g_u = _gyroadd_backward(g_z1, -u_hat.unsqueeze(-2), st["saved1"])
+    g_a_m = g_a_m.sum(-1)
+    g_u_hat = -g_u1.sum(-2)
+    # dispersion
+    g_c = (g_variance * (k / tokens)).unsqueeze(-1) * distance_slope(st["c"], st["asinh_s"], st["root"])
+    sinh_a, cosh_a, chord = st["sinh_a"], st["cosh_a"], st["chord"]
+    g_a = g_a + g_c * (st["sinh_x"] + cosh_a * st["sinh_m"].unsqueeze(-1) * chord)
+    g_a_m = g_a_m + (g_c * (sinh_a * st["cosh_m"].unsqueeze(-1) * chord - st["sinh_x"])).sum(-1)
+    g_chord = g_c * sinh_a * st["sinh_m"].unsqueeze(-1)
+    g_u_hat = g_u_hat - (g_chord.unsqueeze(-2) @ st["diff"]).squeeze(-2)
+    # centroid (Eq. 22): T, E, S with weights 1/N; S is stationary in u_hat
+    g_t, g_e, g_v, _ = centroid_row_gradients(g_a_m / sk, g_u_hat, st["big_t"], st["big_e"], st["big_s"],
+                                              st["v_norm"], st["a_m"], u_hat, k)
+    g_chord = g_chord + (g_e / tokens).unsqueeze(-1) * sinh_a
+    u = st["u"]
+    g_a = g_a + (g_t.unsqueeze(-1) * sinh_a - g_e.unsqueeze(-1) * st["exp_a"] + g_e.unsqueeze(-1) * cosh_a * chord
+                 + cosh_a * (u @ g_v.unsqueeze(-1)).squeeze(-1)) / tokens
+    g_u = g_u + g_chord.unsqueeze(-1) * st["diff"] + sinh_a.unsqueeze(-1) * g_v.unsqueeze(-2) / tokens
+    return torch.cat([(g_a / sk).unsqueeze(-1), g_u], dim=-1), g_log_gain, g_bias
+
+
+class FusedGyroLayerNorm(torch.autograd.Function):
+    r"""Gyro layer normalisation (Sec. 4.4) as one function: ``b (+) (gamma / sqrt(sigma^2 + eps) (x) ((-)m (+) x))``.
+
+    ``m`` is the polar centroid of the sample's tokens (Eq. 22), ``sigma^2`` their mean squared
+    distance to it (Eq. 5, the chords shared with the centroid's ``S``), the centring uses Eq. 21
+    and the bias point Eq. 20 (``geometry.gyroadd_space``).  Saved: the input, ``log_gain`` and the
+    bias point; the backward pass recomputes the forward and differentiates it by hand
+    (:func:`_gyroadd_backward`, :func:`centroid_row_gradients`, :func:`distance_slope`).
+    """
+
+    @staticmethod
+    def forward(ctx, p, log_gain, bias, k, eps):  # noqa: D102
+        out, _ = _gyro_norm_forward(p, log_gain, bias, k, eps)
+        ctx.save_for_backward(p, log_gain, bias)
+        ctx.k, ctx.eps = k, eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        p, log_gain, bias = ctx.saved_tensors
+        _, state = _gyro_norm_forward(p, log_gain, bias, ctx.k, ctx.eps)
+        g_p, g_log_gain, g_bias = _gyro_norm_backward(grad, log_gain, bias, ctx.k, ctx.eps, state)
+        return g_p, g_log_gain, g_bias, None, None
+
+
+def fused_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
+    """Gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedGyroLayerNorm`."""
+    return FusedGyroLayerNorm.apply(p, log_gain, bias, float(k), float(eps))
+
+
+# --------------------------------------------------------------------------------------------
+# relative position encodings on the reserved axes (Eq. 10, 11, App. C; HoPE boost; HOPE rotation)
+# --------------------------------------------------------------------------------------------
+def _horoshift_scalars(x: list[Tensor], rest: Tensor, nu: Tensor, t: Tensor, ideal: int, shift: int) -> list[Tensor]:
+    """One horospherical shift (Eq. 10, :func:`geometry.horoshift`) on the four reserved coordinates.
+
+    ``x`` holds the reserved space coordinates ``x_0..x_3`` over ``sqrt(k)``, ``rest`` the sum of
+    squares of all the others and ``nu`` the Busemann coordinate over ``sqrt(k)`` (:func:`_busemann`).
+    ``x_shift += t nu`` and ``x_ideal = ((1 + |rest of x|^2) / nu - nu) / 2``: sums of non-negative terms.
+    """
+    others = [x[c].square() for c in range(4) if c not in (ideal, shift)]
+    moved = x[shift] + t * nu
+    out = list(x)
+    out[shift] = moved
+    out[ideal] = 0.5 * ((1.0 + rest + others[0] + others[1] + moved.square()) / nu - nu)
+    return out
+
+
+def _busemann(exp_minus_a: Tensor, scale: Tensor, y: list[Tensor], rest: Tensor, norm: Tensor, ideal: int) -> Tensor:
+    """``nu / sqrt(k) = e^{-a} + scale (|y| - y_ideal)`` (Eq. 10, :func:`geometry.busemann_nu`).
+
+    ``|y| - y_ideal = (|y|^2 - y_ideal^2) / (|y| + y_ideal)`` for ``y_ideal >= 0`` (the numerator summed
+    from the other coordinates, ``rest`` their tail), else ``|y| - y_ideal``: no cancellation.
+    ``y`` is the unit direction (``scale = sinh a``, ``norm = 1``) or the space coordinates
+    (``scale = 1``, ``norm = |y|``).
+    """
+    off_axis = rest + sum(y[c].square() for c in range(4) if c != ideal)
+    denom = norm + y[ideal].abs()  # 0 only at the origin, where the numerator is 0 too
+    gap = torch.where(y[ideal] >= 0, off_axis / torch.where(denom > 0, denom, torch.ones_like(denom)),
+                      norm - y[ideal])
+    return exp_minus_a + scale * gap
+
+
+def _safe_sqrt(sq: Tensor) -> Tensor:
+    """``sqrt(sq)`` with a zero (sub)gradient at ``sq = 0`` (as ``geometry._safe_norm``)."""
+    positive = sq > 0
+    return torch.where(positive, torch.sqrt(torch.where(positive, sq, torch.ones_like(sq))), torch.zeros_like(sq))
+
+
+def _boost_scalars(x: list[Tensor], cosh_a: Tensor, t: Tensor, axis: int) -> list[Tensor]:
+    """Lorentz boost of rapidity ``t`` along ``axis`` (:func:`geometry.boost`): ``x_i = sinh t cosh a + cosh t x_i``."""
+    sinh_t, cosh_t = torch.sinh(t), torch.cosh(t)  # differentiated by autograd (smooth at t = 0); (N, H)-sized
+    out = list(x)
+    out[axis] = sinh_t * cosh_a + cosh_t * x[axis]
+    return out
+
+
+def _reserved_axes_scalars(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_rows: Tensor, t_cols: Tensor,
+                           sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token scalar part of the 2-D encoding: ``(r', u'_0..3 (..., 4), scale)`` with ``u'_m = scale u_m`` for ``m >= 4``.
+
+    ``u4`` holds the reserved direction coordinates, ``rest_sq`` the sum of squares of the others.
+    """
+    if kind == "rotation":  # HOPE: the planes (0, 1) and (2, 3) rotate, the radius is exact
+        parts = []
+        for t, (first, second) in ((t_rows, (0, 1)), (t_cols, (2, 3))):
+            cos, sin = torch.cos(t), torch.sin(t)
+            parts += [cos * u4[..., first] - sin * u4[..., second], sin * u4[..., first] + cos * u4[..., second]]
+        return r, torch.stack(parts, dim=-1), torch.ones_like(r)
+    a = r / sqrt_k
+    sinh_a, cosh_a = torch.sinh(a), torch.cosh(a)  # differentiated by autograd: smooth at a = 0; per token
+    x = [sinh_a * u4[..., c] for c in range(4)]
+    rest = sinh_a.square() * rest_sq
+    if kind == "horoshift":
+        nu = _busemann(torch.exp(-a), sinh_a, [u4[..., c] for c in range(4)], rest_sq, torch.ones_like(a), 0)
+        x = _horoshift_scalars(x, rest, nu, t_rows, 0, 1)
+        norm = _safe_sqrt(rest + sum(c.square() for c in x))
+        exp_minus = 1.0 / (torch.sqrt(1.0 + norm.square()) + norm)  # e^{-a} of the shifted point
+        x = _horoshift_scalars(x, rest, _busemann(exp_minus, 1.0, x, rest, norm, 2), t_cols, 2, 3)
+    else:  # boost (HoPE) along axes 0 and 2
+        x = _boost_scalars(x, cosh_a, t_rows, 0)
+        norm = _safe_sqrt(rest + sum(c.square() for c in x))
+        x = _boost_scalars(x, torch.sqrt(1.0 + norm.square()), t_cols, 2)
+    norm = _safe_sqrt(rest + sum(c.square() for c in x))
+    nonzero = norm > 0
+    inv = 1.0 / torch.where(nonzero, norm, torch.ones_like(norm))
+    fallback = torch.zeros_like(u4)
+    fallback[..., 0] = 1.0  # the origin: direction e_0, zero gradient (as geometry.safe_normalize)
+    direction = torch.where(nonzero.unsqueeze(-1), torch.stack(x, dim=-1) * inv.unsqueeze(-1), fallback)
+    asinh_norm = torch.log1p(norm + norm.square() / (1.0 + torch.sqrt(1.0 + norm.square())))
+    return sqrt_k * asinh_norm, direction, torch.where(nonzero, sinh_a * inv, torch.zeros_like(norm))
+
+
+class FusedReservedAxesEncoding(torch.autograd.Function):
+    r"""The 2-D relative position encoding of every head (``horoshift`` Eq. 10 / ``boost`` / ``rotation``) as one function.
+
+    The two moves (rows on the reserved axes ``(0, 1)``, columns on ``(2, 3)``) change only the
+    four reserved coordinates and the radius; every other space coordinate ``x_m = sqrt(k) sinh a u_m``
+    is unchanged, so its direction coordinate is only rescaled, ``u'_m = (sinh a / sinh a') u_m``.
+    The per-token scalars (radius, four coordinates, the sum of squares of the others) carry the
+    whole computation; the ``d``-wide vectors are touched once forward and once backward.  The
+    scalar part is recomputed in backward and differentiated by autograd on ``(B, N, H)``-sized
+    tensors; the vector part by hand.
+    """
+
+    @staticmethod
+    def forward(ctx, p, t_rows, t_cols, kind, sqrt_k):  # noqa: D102
+        u_rest = p[..., 5:]
+        rest_sq = u_rest.square().sum(-1)
+        r_out, u4, scale = _reserved_axes_scalars(kind, p[..., 0], p[..., 1:5], rest_sq, t_rows, t_cols, sqrt_k)
+        out = torch.cat([r_out.unsqueeze(-1), u4, u_rest * scale.unsqueeze(-1)], dim=-1)
+        ctx.save_for_backward(p, t_rows, t_cols)
+        ctx.kind, ctx.sqrt_k = kind, sqrt_k
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        p, t_rows, t_cols = ctx.saved_tensors
+        u_rest = p[..., 5:]
+        with torch.enable_grad():
+            leaves = [p[..., 0].detach(), p[..., 1:5].detach(), u_rest.square().sum(-1), t_rows.detach(),
+                      t_cols.detach()]
+            for leaf in leaves:
+                leaf.requires_grad_(True)
+            r_out, u4, scale = _reserved_axes_scalars(ctx.kind, *leaves[:3], leaves[3], leaves[4], ctx.sqrt_k)
+            pairs = [(r_out, grad[..., 0]), (u4, grad[..., 1:5]), (scale, (grad[..., 5:] * u_rest).sum(-1))]
+            pairs = [(out, g) for out, g in pairs if out.requires_grad]
+            g_r, g_u4, g_rest_sq, g_t_rows, g_t_cols = torch.autograd.grad(
+                [out for out, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+            zeros = torch.zeros_like(leaves[2])
+            g_r = g_r if g_r is not None else zeros
+            g_rest_sq = g_rest_sq if g_rest_sq is not None else zeros
+        g_rest = torch.addcmul(grad[..., 5:] * scale.detach().unsqueeze(-1), u_rest, 2.0 * g_rest_sq.unsqueeze(-1))
+        g_p = torch.cat([g_r.unsqueeze(-1), g_u4, g_rest], dim=-1)
+        reduce = lambda g, t: None if g is None else g.reshape(-1, *t.shape).sum(0)  # noqa: E731
+        return g_p, reduce(g_t_rows, t_rows), reduce(g_t_cols, t_cols), None, None
+
+
+def fused_reserved_axes_encoding(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float) -> Tensor:
+    """Relative position encoding of ``p (B, N, H, d+1)`` with per-token, per-head moves ``t (N, H)``."""
+    return FusedReservedAxesEncoding.apply(p, t_rows, t_cols, kind, float(sqrt_k))

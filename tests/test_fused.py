@@ -1,0 +1,305 @@
+"""Fused polar layers (``modeling/fused.py``) against the reference layers differentiated by autograd.
+
+Every fused ``torch.autograd.Function`` is checked with ``gradcheck`` in float64 at radii 0, 0.5, 4, 8
+and 12 (aligned directions, identical tokens, zero weights included), and whole models with
+``fused_ops=True`` against ``fused_ops=False`` in float64: logits and every parameter's gradient to
+1e-10 relative, for every ablation switch and both CPU attention implementations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+import polar_vit_hf as P
+from polar_vit_hf.modeling.fused import (
+    asinh_exp,
+    asinh_sqrt_half,
+    cosh_minus_one,
+    fused_gyro_layer_norm,
+    fused_polar_attention,
+    fused_polar_fc,
+    fused_reserved_axes_encoding,
+    sinh_cosh,
+)
+from polar_vit_hf.modeling.manifold_ops import PolarOps
+from polar_vit_hf.modeling.modeling_polar_vit import GyroLayerNorm, PolarFC, RelativePositionEncoding
+
+from test_attention import EDGE_CASES, check, make_inputs
+from test_model import SWITCHES
+
+F64 = torch.float64
+RADII = (0.0, 0.5, 4.0, 8.0, 12.0)
+
+
+def directions(*shape: int, case: str = "generic", seed: int = 0) -> torch.Tensor:
+    """Unit directions; ``aligned``: all equal; ``identical`` is handled by the callers (radii too)."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.nn.functional.normalize(torch.randn(*shape, generator=gen, dtype=F64), dim=-1)
+    if case == "aligned":
+        u[:] = u.reshape(-1, shape[-1])[:1]
+    return u
+
+
+def radii(*shape: int, rmax: float, seed: int = 0) -> torch.Tensor:
+    """Radii spread over ``[0.7 rmax, rmax]`` (exactly ``rmax = 0`` gives the origin)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return rmax * (0.7 + 0.3 * torch.rand(*shape, generator=gen, dtype=F64))
+
+
+# --------------------------------------------------------------------------------------------
+# scalar helpers: the exp / expm1 / log1p forms against float64 torch and mpmath-free identities
+# --------------------------------------------------------------------------------------------
+def test_scalar_helpers_match_torch_in_float64_and_float32():
+    x = torch.cat([torch.linspace(-40.0, 40.0, 2001, dtype=F64), torch.tensor([0.0, 1e-30, -1e-12, 1e-6], dtype=F64)])
+    sinh, cosh = sinh_cosh(x)
+    assert torch.allclose(sinh, torch.sinh(x), rtol=4e-16, atol=0)
+    assert torch.allclose(cosh, torch.cosh(x), rtol=4e-16, atol=0)
+    c, sinh_x = cosh_minus_one(x)
+    assert torch.allclose(c, 2.0 * torch.sinh(0.5 * x) ** 2, rtol=1e-15, atol=0)
+    assert torch.allclose(sinh_x, torch.sinh(x), rtol=4e-16, atol=0)
+    cc = torch.cat([torch.zeros(1, dtype=F64), torch.logspace(-30, 30, 601, dtype=F64)])
+    asinh_s, root = asinh_sqrt_half(cc)
+    assert torch.allclose(asinh_s, torch.asinh(torch.sqrt(cc / 2)), rtol=4e-16, atol=0)
+    assert torch.allclose(root, torch.sqrt(1 + cc / 2), rtol=4e-16, atol=0)
+    lv = torch.linspace(-60.0, 60.0, 1201, dtype=F64)
+    assert torch.allclose(asinh_exp(lv), P.geometry.asinh_exp(lv), rtol=4e-16, atol=0)
+    # float32: a few ulp of the float64 value (no cancellation anywhere)
+    x32 = torch.linspace(-80.0, 80.0, 4001)
+    sinh32, cosh32 = sinh_cosh(x32)
+    assert ((sinh32.double() - torch.sinh(x32.double())).abs() <= 4 * 2**-24 * torch.sinh(x32.double()).abs()).all()
+    assert ((cosh32.double() - torch.cosh(x32.double())).abs() <= 4 * 2**-24 * torch.cosh(x32.double())).all()
+    c32 = torch.logspace(-30, 30, 601)
+    got = asinh_sqrt_half(c32)[0].double()
+    want = torch.asinh(torch.sqrt(c32.double() / 2))
+    assert ((got - want).abs() <= 4 * 2**-24 * want).all()
+
+
+# --------------------------------------------------------------------------------------------
+# attention core
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case,rmax", EDGE_CASES)
+def test_fused_attention_matches_float64_reference(case, rmax):
+    stored = make_inputs(n_q=17, n_k=19, rmax=rmax, case=case, seed=int(rmax))
+    check(stored, lambda *a: fused_polar_attention(*a))
+
+
+@pytest.mark.parametrize("dim", [16, 64])
+def test_fused_attention_odd_shapes_and_curvature(dim):
+    check(make_inputs(n_q=23, n_k=37, dim=dim, seed=dim), lambda *a: fused_polar_attention(*a), k=0.7)
+
+
+@pytest.mark.parametrize("case", ["generic", "aligned", "identical", "dominant"])
+@pytest.mark.parametrize("rmax", RADII)
+def test_fused_attention_gradcheck(case, rmax):
+    stored = make_inputs(batch=1, heads=2, n_q=4, n_k=5, dim=4, rmax=rmax, case=case, seed=3)
+    args = [t.double().requires_grad_(True) for t in stored]
+    args[6] = args[6].detach().div(50.0 if case == "dominant" else 1.0).requires_grad_(True)
+    if rmax == 0.0:  # values at the origin: V = 0 and the output direction is undefined; keep them off it
+        args[4] = (args[4].detach() + 0.3).requires_grad_(True)
+    assert gradcheck(lambda *a: fused_polar_attention(*a, 1.3), args)
+
+
+def test_fused_attention_groups_and_saves_nothing_quadratic(monkeypatch):
+    """Several (batch, head) groups give the same result as one; autograd keeps nothing of size N x M."""
+    from polar_vit_hf.modeling import fused
+
+    stored = make_inputs(batch=3, heads=2, n_q=12, n_k=12, dim=8, rmax=4.0)
+    args = [t.double().requires_grad_(True) for t in stored]
+    one = fused_polar_attention(*args)
+    g_one = torch.autograd.grad(one[0].sum() + one[1].square().sum(), args)
+    monkeypatch.setattr(fused, "GROUP_ELEMENTS", 2 * 12 * 12)  # 2 slices per group, the last one partial
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+        two = fused_polar_attention(*args)
+    g_two = torch.autograd.grad(two[0].sum() + two[1].square().sum(), args)
+    assert max(sizes) < 12 * 12 * 6  # inputs and per-row statistics only
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    assert all(torch.allclose(a, b, rtol=1e-13, atol=1e-15) for a, b in zip(g_one, g_two))
+
+
+# --------------------------------------------------------------------------------------------
+# Polar-FC
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("activation", [None, "gelu"])
+@pytest.mark.parametrize("rule", [True, False])
+@pytest.mark.parametrize("heads", [None, 3])
+def test_fused_polar_fc_matches_reference_and_gradcheck(activation, rule, heads):
+    torch.manual_seed(0)
+    k = 1.3
+    fc = PolarFC(6, 4, k, num_heads=heads, activation=activation, radius_rule=rule).double()
+    torch.nn.init.normal_(fc.weight)
+    if rule:
+        for param in fc.rule_parameters():
+            torch.nn.init.normal_(param, std=0.5)
+    r = torch.tensor([0.0, 0.5, 4.0, 8.0, 12.0, 12.0], dtype=F64)
+    u = directions(6, 6)
+    u[-1] = u[-2]  # identical tokens
+    p = PolarOps.make(r, u).requires_grad_(True)
+    ref, got = fc(p, PolarOps(k, fused=False)), fc(p, PolarOps(k, fused=True))
+    assert torch.allclose(got, ref, rtol=1e-13, atol=1e-13)
+    weights = torch.randn_like(ref)
+    params = [p, *fc.parameters()]
+    for want, have in zip(torch.autograd.grad((ref * weights).sum(), params),
+                          torch.autograd.grad((got * weights).sum(), params)):
+        assert torch.allclose(have, want, rtol=1e-10, atol=1e-12 * want.abs().max())
+    rule_args = list(fc.rule_parameters()) if rule else []
+    assert gradcheck(lambda p, w, *extra: fused_polar_fc(p, w, tuple(extra) if rule else None, math.sqrt(k),
+                                                         heads or 1, fc.activation), [p, fc.weight, *rule_args])
+
+
+def test_fused_polar_fc_with_all_zero_weights_gives_the_origin_with_finite_gradients():
+    fc = PolarFC(5, 3, 1.0, num_heads=2).double()
+    torch.nn.init.zeros_(fc.weight)
+    p = PolarOps.make(torch.tensor([0.0, 4.0], dtype=F64), directions(2, 5)).requires_grad_(True)
+    out = fc(p, PolarOps(1.0, fused=True))
+    ref = fc(p, PolarOps(1.0, fused=False))
+    # h = 0: ln ||h|| is clamped at ln(1e-30), so the radius is ~1e-30 and the direction e_0
+    assert torch.equal(out, ref) and torch.all(out[..., 0] < 1e-29) and torch.all(out[..., 1] == 1)
+    grads = torch.autograd.grad(out.sum(), [p, *fc.parameters()])
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+# --------------------------------------------------------------------------------------------
+# gyro layer norm
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["generic", "aligned", "identical"])
+@pytest.mark.parametrize("rmax", RADII)
+@pytest.mark.parametrize("bias", [0.0, 0.3, 3.0])  # at the origin, near it (Eq. 20), beyond (Eq. 21)
+def test_fused_gyro_layer_norm_matches_reference_and_gradcheck(case, rmax, bias):
+    torch.manual_seed(1)
+    k = 1.3
+    norm = GyroLayerNorm(5, k, 1e-6).double()
+    with torch.no_grad():
+        norm.log_gain.fill_(0.3)
+        norm.bias_point.normal_(0.0, bias) if bias else None
+    r = radii(2, 6, rmax=rmax) if rmax > 0 else 0.05 * torch.rand(2, 6, dtype=F64)
+    r[0, 0] = 0.0 if rmax == 0 else r[0, 0]  # a token at the origin
+    u = directions(2, 6, 5, case=case)
+    if case == "identical":  # zero dispersion: the centred tokens are rounding noise scaled by 1/sqrt(eps)
+        r[:], u[:] = r[:, :1], u[:, :1]
+    p = PolarOps.make(r, u).requires_grad_(True)
+    ref, got = norm(p, PolarOps(k, fused=False)), norm(p, PolarOps(k, fused=True))
+    space = lambda q: torch.sinh(q[..., :1] / math.sqrt(k)) * q[..., 1:]  # noqa: E731 - well defined at the origin
+    # to the float64 resolution limit of the inputs, sinh(r) 2^-52 (Prop. 2), amplified by the normalisation;
+    # identical tokens: the centred points are that rounding noise times gain / sqrt(eps)
+    resolution = math.sinh(max(rmax, 1.0) / math.sqrt(k)) * 2.0**-52
+    atol = max(1e-12 * float(space(ref).abs().max()), 100 * resolution) * (1e3 if case == "identical" else 1.0)
+    err = float((space(got) - space(ref)).abs().max())
+    assert torch.allclose(space(got), space(ref), rtol=1e-10, atol=atol), err
+    weights = torch.randn_like(ref)
+    params = [p, norm.log_gain, norm.bias_point]
+    grads_ref = torch.autograd.grad((ref * weights).sum(), params)
+    grads = torch.autograd.grad((got * weights).sum(), params)
+    assert all(torch.isfinite(g).all() for g in grads)
+    if case == "identical":
+        return
+    for want, have in zip(grads_ref, grads):
+        assert torch.allclose(have, want, rtol=1e-10, atol=1e-10 * want.abs().max())
+    # finite differences need a well-conditioned map: aligned tokens at r = 12 sit 1e-5 apart, so eps = 1e-2
+    # (aligned tokens at r = 12: a step of 1e-6 moves a token by 1e-6 sinh(12) ~ 0.1, farther than the tokens
+    # are apart, so finite differences say nothing there; the comparison with autograd above covers it)
+    if not (case == "aligned" and rmax >= 12):
+        assert gradcheck(lambda p, g, b: fused_gyro_layer_norm(p, g, b, k, 1e-2), params)
+
+
+# --------------------------------------------------------------------------------------------
+# relative position encodings
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["horoshift", "boost", "rotation"])
+@pytest.mark.parametrize("rmax", RADII)
+def test_fused_position_encoding_matches_reference_and_gradcheck(kind, rmax):
+    k = 1.3
+    encoding = RelativePositionEncoding(kind, 3, (0.5, 4.0)).double()
+    with torch.no_grad():
+        encoding.rates.copy_(encoding.initial_rates())
+    r = radii(2, 5, 3, rmax=rmax)
+    u = directions(2, 5, 3, 7, case="aligned" if rmax == 8.0 else "generic")
+    u[1, 1, :, :] = torch.tensor([-1.0, 1e-3, 2e-3, 1e-3, 0.0, 0.0, 1e-3], dtype=F64)  # facing away from e_0
+    u[1, 2, :, :] = torch.tensor([1.0, 1e-3, 3e-3, 1e-3, 1e-3, 0.0, 0.0], dtype=F64)  # towards the ideal point
+    u = torch.nn.functional.normalize(u, dim=-1)
+    p = PolarOps.make(r, u).requires_grad_(True)
+    ref = encoding(p, (2, 2), 1, PolarOps(k, fused=False))
+    got = encoding(p, (2, 2), 1, PolarOps(k, fused=True))
+    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
+    if rmax > 0:  # at r = 0 the reference's intermediate safe normalisation cuts the gradient (see fused.py)
+        weights = torch.randn_like(ref)
+        for want, have in zip(torch.autograd.grad((ref * weights).sum(), [p, encoding.rates]),
+                              torch.autograd.grad((got * weights).sum(), [p, encoding.rates])):
+            assert torch.allclose(have, want, rtol=1e-10, atol=1e-10 * want.abs().max())
+    t_rows, t_cols = (t.detach().requires_grad_(True) for t in encoding.offsets((2, 2), 1, F64))
+    shifted = PolarOps.make(r + 0.01, u).requires_grad_(True)  # central differences need r > 0
+    assert gradcheck(lambda p, a, b: fused_reserved_axes_encoding(p, a, b, kind, math.sqrt(k)),
+                     [shifted, t_rows, t_cols])
+
+
+def test_fused_position_encoding_at_the_origin_differentiates_the_composition():
+    """r = 0 exactly, one move on: the fused gradient is the one-sided finite difference."""
+    encoding = RelativePositionEncoding("boost", 1, (0.5, 4.0)).double()
+    with torch.no_grad():
+        encoding.rates.fill_(0.7)
+    u = directions(1, 4, 1, 6)
+    p = PolarOps.make(torch.zeros(1, 4, 1, dtype=F64), u).requires_grad_(True)
+    weights = torch.randn(1, 4, 1, 7, dtype=F64)
+    ops = PolarOps(1.0, fused=True)
+    (grad,) = torch.autograd.grad((encoding(p, (2, 2), 0, ops) * weights).sum(), [p])
+    step = 1e-7
+    moved = p.detach().clone()
+    moved[:, 1:, :, 0] += step  # tokens 1..3 are moved by the encoding; token 0 stays at the origin
+    finite = ((encoding(moved, (2, 2), 0, ops) - encoding(p.detach(), (2, 2), 0, ops)) * weights).sum((-1, -2))
+    assert torch.allclose(grad[:, 1:, 0, 0], finite[:, 1:] / step, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# whole models
+# --------------------------------------------------------------------------------------------
+def _logits_and_grads(model, x, y):
+    model.zero_grad()
+    out = model(x, labels=y)
+    out.loss.backward()
+    return out.logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("attention", ["auto", "chunked"])
+@pytest.mark.parametrize("overrides", SWITCHES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_fused_and_reference_models_agree_in_float64(overrides, attention):
+    torch.manual_seed(0)
+    config = P.PolarViTConfig.from_preset("demo", polar_attn_implementation=attention, **overrides)
+    model = P.PolarViTForImageClassification(config).double().train()
+    with torch.no_grad():  # leave the anchored initialisation so every term of every layer is exercised
+        for name, param in model.named_parameters():
+            if name.endswith(("radius_weight", "klein_weight", "radius_bias", "bias_point", "cls_token")):
+                param.normal_(0.0, 0.1)
+    x, y = torch.randn(3, 3, 32, 32, dtype=F64), torch.tensor([1, 7, 3])
+    fused_logits, fused_grads = _logits_and_grads(model, x, y)
+    model.config.fused_ops = False
+    ref_logits, ref_grads = _logits_and_grads(model, x, y)
+    assert torch.allclose(fused_logits, ref_logits, rtol=1e-10, atol=1e-12)
+    assert fused_grads.keys() == ref_grads.keys()
+    for name, want in ref_grads.items():
+        scale = float(want.abs().max())
+        assert (fused_grads[name] - want).abs().max() <= 1e-10 * scale + 1e-300, name
+
+
+def test_fused_model_keeps_float32_close_to_float64():
+    torch.manual_seed(0)
+    model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo"))
+    x = torch.randn(2, 3, 32, 32)
+    fused32 = model(x).logits
+    fused64 = model.double()(x.double()).logits
+    assert torch.allclose(fused32.double(), fused64, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_ops_switch_is_validated_and_read_at_call_time():
+    with pytest.raises(ValueError, match="fused_ops"):
+        P.PolarViTConfig.from_preset("demo", fused_ops="yes")
+    model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo"))
+    assert model.polar_vit.ops.fused
+    model.config.fused_ops = False
+    assert not model.polar_vit.ops.fused
+    model.set_arithmetic("ambient")
+    model.config.fused_ops = True
+    assert not model.polar_vit.ops.fused  # ambient arithmetic is never fused
