@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(PY) benchmarks/precision.py --out outputs/precision
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .hypothesis

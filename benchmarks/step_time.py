@@ -1,14 +1,17 @@
 """Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
 
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile]
-          [--models euclidean ambient polar polar-chunked]
+          [--models euclidean ambient polar-reference polar polar-chunked]
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic, Polar-ViT in polar arithmetic
-(eager attention, the default below 1024 tokens on CPU) and with the chunked attention.
+with the reference layers (``fused_ops=False``: geometry functions differentiated by autograd, eager
+attention), with the fused layers (``fused_ops=True``, the default: ``modeling/fused.py``) and
+fused with the chunked attention core.
 
 Each model runs in its own subprocess (peak memory: the growth of the resident set, sampled in
-the background, over the first training step); times are the median of ``--repeats``
-steps after ``--warmup`` steps; ratios are taken within this one run.  The Euclidean model is
+the background, over the first training step; saved bytes: the distinct non-parameter tensors
+autograd keeps for backward, counted with ``torch.autograd.graph.saved_tensors_hooks``); times are
+the median of ``--repeats`` steps after ``--warmup`` steps; ratios are taken within this one run.  The Euclidean model is
 transformers' ``ViTForImageClassification`` with the same depth, width, MLP width, heads and patch
 size.  Writes ``step_time.csv`` and ``step_time.png`` to ``--out``.
 """
@@ -29,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-MODELS = ("euclidean", "ambient", "polar", "polar-chunked")
+MODELS = ("euclidean", "ambient", "polar-reference", "polar", "polar-chunked")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -46,6 +49,7 @@ def worker(args: argparse.Namespace) -> None:
         model = euclidean_vit(config)
     else:
         config.arithmetic = args.model.split("-")[0]
+        config.fused_ops = args.model != "polar-reference"
         if args.model == "polar-chunked":
             config.polar_attn_implementation = "chunked"
         model = P.PolarViTForImageClassification(config)
@@ -64,6 +68,7 @@ def worker(args: argparse.Namespace) -> None:
 
     with peak_rss_growth() as growth:  # the first (cold) step: every buffer is allocated once
         step()
+    saved = saved_bytes(model, lambda: step_fn(pixel_values=pixels, labels=labels).loss)
     for _ in range(args.warmup - 1):
         step()
     times = []
@@ -76,8 +81,29 @@ def worker(args: argparse.Namespace) -> None:
         "median_s": statistics.median(times),
         "times": times,
         "peak_growth_mib": growth["mib"],
+        "saved_mib": saved / 2**20,
         "params": sum(p.numel() for p in model.parameters()),
     }))
+
+
+def saved_bytes(model, forward) -> int:
+    """Bytes of the distinct tensors (parameters excluded) autograd saves for backward during ``forward()``."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = forward()
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(storages.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,29 +137,38 @@ def main(argv: list[str] | None = None) -> int:
             return done.returncode
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
         tqdm.write(f"{name}: {results[name]['median_s'] * 1e3:.0f} ms / step, "
-                   f"{results[name]['peak_growth_mib']:.0f} MiB")  # kept if a later model fails
+                   f"{results[name]['peak_growth_mib']:.0f} MiB peak, "
+                   f"{results[name]['saved_mib']:.0f} MiB saved")  # kept if a later model fails
 
     base = results["euclidean"]["median_s"] if "euclidean" in results else None
     print(f"\n{args.preset}, batch {args.batch}, forward + backward, {args.threads} CPU threads, "
           f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}")
-    print(f"{'model':<36} {'params':>10} {'time / step':>12} {'vs Euclidean':>13} {'peak RSS growth':>16}")
+    print(f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {'peak RSS growth':>16} {'vs ViT':>7} "
+          f"{'saved for bwd':>14} {'vs ViT':>7}")
     labels = {"euclidean": "Euclidean ViT (transformers)", "ambient": "Polar-ViT, ambient arithmetic",
-              "polar": "Polar-ViT, polar arithmetic", "polar-chunked": "Polar-ViT, polar, chunked attention"}
+              "polar-reference": "Polar-ViT, polar, reference layers", "polar": "Polar-ViT, polar, fused (default)",
+              "polar-chunked": "Polar-ViT, polar, fused + chunked attn"}
+    euclid = results.get("euclidean")
+    ratio = lambda value, key: f"{value / euclid[key]:>6.2f}x" if euclid else f"{'-':>7}"  # noqa: E731
     for name in args.models:
         r = results[name]
-        ratio = f"{r['median_s'] / base:>12.2f}x" if base else f"{'-':>13}"
-        print(f"{labels[name]:<36} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {ratio} "
-              f"{r['peak_growth_mib']:>12.0f} MiB")
+        print(f"{labels[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {ratio(r['median_s'], 'median_s')} "
+              f"{r['peak_growth_mib']:>12.0f} MiB {ratio(r['peak_growth_mib'], 'peak_growth_mib')} "
+              f"{r['saved_mib']:>10.0f} MiB {ratio(r['saved_mib'], 'saved_mib')}")
     if {"polar", "ambient"} <= set(results):
         print(f"polar / ambient: {results['polar']['median_s'] / results['ambient']['median_s']:.2f}x")
+    if {"polar", "polar-reference"} <= set(results):
+        print(f"fused / reference: time {results['polar']['median_s'] / results['polar-reference']['median_s']:.2f}x, "
+              f"saved {results['polar']['saved_mib'] / results['polar-reference']['saved_mib']:.2f}x")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "step_time.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["model", "params", "median_s", "peak_growth_mib"])
+        writer.writerow(["model", "params", "median_s", "peak_growth_mib", "saved_mib"])
         for name in args.models:
-            writer.writerow([name, results[name]["params"], results[name]["median_s"], results[name]["peak_growth_mib"]])
+            r = results[name]
+            writer.writerow([name, r["params"], r["median_s"], r["peak_growth_mib"], r["saved_mib"]])
     plot(results, labels, out / "step_time.png", args)
     print(f"wrote {out / 'step_time.csv'} and {out / 'step_time.png'}")
     return 0
@@ -145,13 +180,14 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = list(results)
-    colors = [dict(zip(MODELS, ["tab:gray", "tab:red", "tab:blue", "tab:cyan"]))[n] for n in names]
-    axes[0].bar([labels[n] for n in names], [results[n]["median_s"] * 1e3 for n in names], color=colors)
-    axes[0].set_ylabel("ms / step (fwd + bwd)")
-    axes[1].bar([labels[n] for n in names], [results[n]["peak_growth_mib"] for n in names], color=colors)
-    axes[1].set_ylabel("peak RSS growth (MiB)")
+    colors = [dict(zip(MODELS, ["tab:gray", "tab:red", "tab:purple", "tab:blue", "tab:cyan"]))[n] for n in names]
+    for ax, key, scale, label in ((axes[0], "median_s", 1e3, "ms / step (fwd + bwd)"),
+                                  (axes[1], "peak_growth_mib", 1.0, "peak RSS growth (MiB)"),
+                                  (axes[2], "saved_mib", 1.0, "saved for backward (MiB)")):
+        ax.bar([labels[n] for n in names], [results[n][key] * scale for n in names], color=colors)
+        ax.set_ylabel(label)
     for ax in axes:
         ax.tick_params(axis="x", labelrotation=15, labelsize=8)
         ax.grid(axis="y", alpha=0.3)

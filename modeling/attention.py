@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .geometry import asinh_exp, asinhc_half, centroid, pairwise_sq_distance, safe_normalize, sq_distance_from_c
-from .fused import fused_polar_attention
+from .fused import centroid_row_gradients, fused_polar_attention
 from .triton_attention import TRITON_AVAILABLE, triton_polar_attention
 
 IMPLEMENTATIONS = ("eager", "fused", "chunked", "triton")
@@ -82,21 +82,12 @@ def _haversine_block(a: Tensor, uq: Tensor, b: Tensor, uk: Tensor) -> tuple[Tens
 def row_gradients(grad_r: Tensor, grad_u: Tensor, stats: Tensor, a_mu: Tensor, u_hat: Tensor, k: float):
     """Per-row partials of the attention output with respect to the softmax-normalised sums.
 
-    ``stats`` holds ``(m, l, T, E, S, ||V||)`` per row (sums divided by the softmax denominator ``l``).
-    With ``l_rad = ln ||V|| - 1/2 ln(E + S) - 1/2 ln(T + ||V||)`` (Eq. 22) and ``d a_mu / d l_rad =
-    tanh(a_mu)``, returns ``(g_T, g_E, g_S, g_V, sum_j p_ij g_p_ij)``; the last one is the row
-    constant of the softmax backward, ``g_T T + g_V . V + g_E E + g_S S``.
+    ``stats`` holds ``(m, l, T, E, S, ||V||)`` per row (sums divided by the softmax denominator ``l``);
+    returns ``(g_T, g_E, g_S, g_V, sum_j p_ij g_p_ij)`` from :func:`fused.centroid_row_gradients`
+    (Eq. 22; ``g_S = g_E``), the last one the row constant of the softmax backward.
     """
     _, _, big_t, big_e, big_s, v_norm = stats
-    degenerate = v_norm <= 0
-    v_safe = torch.where(degenerate, torch.ones_like(v_norm), v_norm)
-    g_l = torch.where(degenerate, torch.zeros_like(a_mu), grad_r * math.sqrt(k) * torch.tanh(a_mu))
-    g_t = -0.5 * g_l / (big_t + v_norm)
-    g_e = -0.5 * g_l / (big_e + big_s)
-    radial = g_l * (1.0 / v_safe - 0.5 / (big_t + v_norm))
-    tangential = (grad_u - (grad_u * u_hat).sum(-1, keepdim=True) * u_hat) / v_safe.unsqueeze(-1)
-    g_v = radial.unsqueeze(-1) * u_hat + torch.where(degenerate.unsqueeze(-1), 0.0, tangential)
-    row_dot = g_t * big_t + (g_v * u_hat).sum(-1) * v_norm + g_e * (big_e + big_s)
+    g_t, g_e, g_v, row_dot = centroid_row_gradients(grad_r, grad_u, big_t, big_e, big_s, v_norm, a_mu, u_hat, k)
     return g_t, g_e, g_e, g_v, row_dot
 
 

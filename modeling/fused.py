@@ -81,7 +81,7 @@ def centroid_log_sinh(big_t: Tensor, big_e: Tensor, big_s: Tensor, v_norm: Tenso
 
 
 def asinh_exp(log_value: Tensor) -> Tensor:
-    """``arsinh(e^l) = l + log1p(sqrt(1 + e^{-2l}))`` for ``l > 0``, ``log1p(e^l + e^{2l} / (1 + sqrt(1 + e^{2l})))`` else.
+    """``arsinh(e^l)``: ``l + log1p(sqrt(1 + e^{-2l}))`` for ``l > 0``, else ``log1p(e^l + e^{2l} / (1 + sqrt(1 + e^{2l})))``.
 
     The same function as :func:`geometry.asinh_exp`, through ``exp`` / ``log1p`` only; ``l = -inf``
     gives 0.
@@ -233,8 +233,9 @@ def _attention_backward(ws, grad_r, grad_u, rq, uq, uq_t, rk, uk, uk_t, rv, uv, 
     slope = t.div_(slope).mul_(2.0)
     torch.mul(asinh_s, asinh_s, out=probs).mul_(scale * (-4.0 * k))
     probs.sub_(lse.unsqueeze(-1)).exp_()
-    # S is stationary in u_hat only in exact arithmetic: dS/du_hat = g_S (W (u_hat - v_bar) - sum_j w_ij (v_j - v_bar)),
-    # w_ij = P_ij sinh beta_j, W = sum_j w_ij, measures the rounding of u_hat; carried through u_hat = V / |V|
+    # S is stationary in u_hat only in exact arithmetic:
+    # dS/du_hat = g_S (W (u_hat - v_bar) - sum_j w_ij (v_j - v_bar)), w_ij = P_ij sinh beta_j, W = sum_j w_ij,
+    # measures the rounding of u_hat; carried through u_hat = V / |V|
     # it cancels that rounding in dL/dv (centred differences, Eq. 25, keep it exact for clustered values)
     v_bar = _centre(uv)
     sums = probs @ torch.cat([sinh_beta.unsqueeze(-1), sinh_beta.unsqueeze(-1) * (uv - v_bar)], dim=-1)
@@ -351,7 +352,7 @@ def _flatten_attention_inputs(rq, uq, rk, uk, rv, uv) -> list[Tensor]:
 
 def fused_polar_attention(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor,
                           k: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Polar attention (Eq. 9) in one fused function; ``scale`` is an ``(H,)`` tensor. See :class:`FusedPolarAttention`."""
+    """Polar attention (Eq. 9) in one fused function; ``scale`` is an ``(H,)`` tensor (:class:`FusedPolarAttention`)."""
     return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k))
 
 
@@ -379,7 +380,8 @@ class FusedPolarFC(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, p, weight, norm_power, radius_weight, klein_weight, radius_bias, sqrt_k, heads, activation):  # noqa: D102
+    def forward(ctx, p, weight, norm_power, radius_weight, klein_weight, radius_bias, sqrt_k, heads,  # noqa: D102
+                activation):
         x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
         pre = (x @ weight.t()).view(p.shape[0], heads, -1)  # (T, H, d)
         h = activation(pre) if activation is not None else pre
@@ -408,7 +410,8 @@ class FusedPolarFC(torch.autograd.Function):
         g_l = grad_out[..., 0] * sqrt_k * torch.tanh(out[..., 0] / sqrt_k)  # (T, H)
         coef = (g_l * norm_power if norm_power is not None else g_l) - (g_u_out * u_out).sum(-1)
         nonzero = norm > 0
-        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)),
+                               torch.zeros_like(norm))
         g_h = torch.addcmul(g_u_out, coef.unsqueeze(-1), u_out).mul_(inv_norm.unsqueeze(-1))
         if pre is not None:
             with torch.enable_grad():
@@ -448,7 +451,7 @@ def fused_polar_fc(p: Tensor, weight: Tensor, rule: tuple[Tensor, Tensor, Tensor
 # gyrovector pieces shared by the gyro layer norm (Sec. 4.4, Eq. 20, 21)
 # --------------------------------------------------------------------------------------------
 def _polar_from_z(z: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
-    """``(r, u, ||z||)`` of the point with space coordinates ``sqrt(k) z``: ``r = sqrt(k) asinh ||z||``, ``u = z / ||z||``."""
+    """``(r, u, ||z||)`` of the point with space coordinates ``sqrt(k) z``: ``r = sqrt(k) asinh ||z||``, ``u = z/||z||``."""
     norm = torch.linalg.vector_norm(z, dim=-1)
     nonzero = norm > 0
     u = z / torch.where(nonzero, norm, torch.ones_like(norm)).unsqueeze(-1)
@@ -458,7 +461,7 @@ def _polar_from_z(z: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _polar_from_z_backward(g_r: Tensor, g_u: Tensor, u: Tensor, norm: Tensor, sqrt_k: float) -> Tensor:
-    """``dL/dz`` for :func:`_polar_from_z`: ``sqrt(k) g_r / sqrt(1 + |z|^2) u + (g_u - (g_u . u) u) / |z|`` (0 at ``z = 0``)."""
+    """``dL/dz`` of :func:`_polar_from_z`: ``sqrt(k) g_r / sqrt(1 + |z|^2) u + (g_u - (g_u.u) u) / |z|``, 0 at ``z = 0``."""
     nonzero = norm > 0
     inv = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
     radial = torch.where(nonzero, sqrt_k * g_r / torch.sqrt(1.0 + norm * norm), torch.zeros_like(norm))
@@ -467,7 +470,7 @@ def _polar_from_z_backward(g_r: Tensor, g_u: Tensor, u: Tensor, norm: Tensor, sq
 
 
 def _gyroadd_z(a: Tensor, u1: Tensor, b: Tensor, v: Tensor) -> tuple[Tensor, tuple]:
-    """``z`` of ``x (+) y`` (Eq. 20, 21; :func:`geometry.gyroadd`), ``x = (a, u1)``, ``y = (b, v)``, radii over ``sqrt(k)``.
+    """``z`` of ``x (+) y`` (Eq. 20, 21; :func:`geometry.gyroadd`), ``x = (a, u1)``, ``y = (b, v)``, radii / ``sqrt(k)``.
 
     ``d = v - s u1`` (``s = sign(u1 . v)``), ``h = 1/2 ||d||^2``, ``v_perp = d + s h u1``;
     ``z_par = sinh a cosh b + cosh a sinh b (1 - h)`` (``s > 0``) or ``sinh(a - b) + cosh a sinh b h``;
@@ -561,7 +564,8 @@ def _gyro_norm_forward(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps:
     state = dict(a=a, u=u, sinh_a=sinh_a, cosh_a=cosh_a, exp_a=exp_a, big_t=big_t, big_e=big_e, big_s=big_s,
                  v_norm=v_norm, u_hat=u_hat, diff=diff, chord=chord, a_m=a_m, sinh_m=sinh_m, cosh_m=cosh_m, c=c,
                  sinh_x=sinh_x, asinh_s=asinh_s, root=root, variance=variance, saved1=saved1, r_y=r_y, u_y=u_y,
-                 norm1=norm1, factor=factor, b=b, big_x=big_x, x_sq=x_sq, near=near, saved2=saved2, u_out=u_out, norm2=norm2)
+                 norm1=norm1, factor=factor, b=b, big_x=big_x, x_sq=x_sq, near=near, saved2=saved2, u_out=u_out,
+                 norm2=norm2)
     return out, state
 
 
@@ -695,7 +699,7 @@ def _safe_sqrt(sq: Tensor) -> Tensor:
 
 
 def _boost_scalars(x: list[Tensor], cosh_a: Tensor, t: Tensor, axis: int) -> list[Tensor]:
-    """Lorentz boost of rapidity ``t`` along ``axis`` (:func:`geometry.boost`): ``x_i = sinh t cosh a + cosh t x_i``."""
+    """Lorentz boost of rapidity ``t`` along ``axis`` (:func:`geometry.boost`): ``x_i <- sinh t cosh a + cosh t x_i``."""
     sinh_t, cosh_t = torch.sinh(t), torch.cosh(t)  # differentiated by autograd (smooth at t = 0); (N, H)-sized
     out = list(x)
     out[axis] = sinh_t * cosh_a + cosh_t * x[axis]

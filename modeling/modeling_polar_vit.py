@@ -29,7 +29,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
-from .geometry import asinh_exp, cosh_sinhc_sq, perp, safe_normalize
+from .geometry import asinh_exp, cosh_sinhc_sq, input_checks, perp, safe_normalize
 from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES, PolarViTConfig
 from .fused import fused_gyro_layer_norm, fused_polar_fc, fused_reserved_axes_encoding
@@ -582,6 +582,11 @@ def complete_auto_map(save_directory) -> None:
         handle.write("\n")
 
 
+# Largest patch radius (RMS pixel value of a patch) the model accepts: deeper layers grow radii by a few units and
+# the polar arithmetic holds to r ~ 88 in float32 (measured: fused tiny-cifar finite at RMS 30, not at 40).
+PATCH_RADIUS_LIMIT = 32.0
+
+
 def _check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> None:
     if pixel_values is None:
         raise ValueError("You have to specify pixel_values")
@@ -595,8 +600,21 @@ def _check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> 
     height, width = pixel_values.shape[-2:]
     if height % config.patch_size or width % config.patch_size:
         raise ValueError(f"image size {height}x{width} is not a multiple of patch_size={config.patch_size}")
-    if not torch.compiler.is_compiling() and not torch.isfinite(pixel_values).all():
+    if torch.compiler.is_compiling():
+        return
+    if not torch.isfinite(pixel_values).all():
         raise ValueError("pixel_values contains NaN or Inf values")
+    # the radius of a patch token is the RMS of its pixels (PolarViTEmbeddings): keep it where float32 holds
+    size = config.patch_size
+    patch_rms = F.avg_pool2d(pixel_values.detach().float().square().mean(1, keepdim=True), size).sqrt()
+    largest = float(patch_rms.max())
+    if largest > PATCH_RADIUS_LIMIT:
+        raise ValueError(
+            f"pixel_values look unnormalised: a {size}x{size} patch has RMS {largest:.1f}, and that RMS is the radius "
+            f"of its token on the hyperboloid (Polar-ViT supports patch radii up to {PATCH_RADIUS_LIMIT:g}; float32 "
+            f"overflows near 88). Rescale and normalise the images first, e.g. with PolarViTImageProcessor "
+            f"(do_rescale=True, do_normalize=True), so pixel values are of order 1"
+        )
 
 
 class PolarViTModel(PolarViTPreTrainedModel):
@@ -642,7 +660,8 @@ class PolarViTModel(PolarViTPreTrainedModel):
         dtype = self.embeddings.patch_projection.weight.dtype
         # the polar arithmetic always runs in (at least) float32, also under bf16 autocast
         compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-        with torch.autocast(device_type=pixel_values.device.type, enabled=False):
+        # inputs were checked once above; the geometry functions inside run without their per-call checks
+        with torch.autocast(device_type=pixel_values.device.type, enabled=False), input_checks(False):
             hidden, grid, num_prefix = self.embeddings(
                 pixel_values.to(compute_dtype), ops, bool(interpolate_pos_encoding)
             )

@@ -303,3 +303,42 @@ def test_fused_ops_switch_is_validated_and_read_at_call_time():
     model.set_arithmetic("ambient")
     model.config.fused_ops = True
     assert not model.polar_vit.ops.fused  # ambient arithmetic is never fused
+
+
+# --------------------------------------------------------------------------------------------
+# validation at the edge
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fused", [True, False])
+def test_model_validates_once_at_the_entry_not_in_every_operation(fused, monkeypatch):
+    from polar_vit_hf.modeling import geometry
+
+    calls = []
+    original = geometry._check_finite
+    def counting(**tensors):  # counts the checks that really scan their inputs
+        if geometry._INPUT_CHECKS["enabled"]:
+            calls.append(sorted(tensors))
+        return original(**tensors)
+
+    monkeypatch.setattr(geometry, "_check_finite", counting)
+    model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo", fused_ops=fused))
+    x = torch.randn(2, 3, 32, 32)
+    model(x, labels=torch.tensor([0, 1])).loss.backward()
+    assert len(calls) <= 4, calls  # the output views only (to_ambient / polar of the last tokens and the readout)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        model(x.masked_fill(x > 2, float("nan")))
+    calls.clear()
+    geometry.to_ambient(torch.ones(3), directions(3, 4).float())  # the public functions still validate
+    assert calls
+
+
+@pytest.mark.parametrize("scale", [255.0, 50.0])
+def test_unnormalised_pixels_fail_at_the_entry_with_the_fix(scale):
+    model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo"))
+    raw = torch.rand(2, 3, 32, 32) * scale if scale == 255.0 else torch.randn(2, 3, 32, 32) * scale
+    with pytest.raises(ValueError, match=r"unnormalised.*RMS.*PolarViTImageProcessor"):
+        model(raw)
+    processor = P.PolarViTImageProcessor(size={"height": 32, "width": 32})
+    images = [(torch.rand(32, 32, 3) * 255).to(torch.uint8).numpy() for _ in range(2)]
+    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+    assert torch.isfinite(model(pixels).logits).all()
+    assert torch.isfinite(model(torch.randn(2, 3, 32, 32) * 20).logits).all()  # large but supported radii
