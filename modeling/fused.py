@@ -12,7 +12,7 @@ Hyperbolic functions are evaluated through ``exp`` / ``expm1`` / ``log1p`` (:fun
 ``asinh`` run element by element in scalar code (10x the time of ``exp`` on AVX2), and every
 formula below keeps its terms of one sign, so nothing cancels.
 
-This module is part of the remote code of exported checkpoints: it imports only ``torch``.
+This module is part of the remote code of exported checkpoints: it imports only ``torch`` and :mod:`geometry`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import math
 import torch
 from torch import Tensor
 
+from .geometry import _SERIES_C  # below this c, asinh(s)/s uses its Taylor series
+
 GROUP_ELEMENTS = 1 << 18  # N x M elements per group of (batch, head) slices (cache-sized)
-_SERIES_C = 1e-4  # below this c, asinh(s)/s uses its Taylor series (as geometry.asinhc_half)
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,11 +115,6 @@ def centroid_row_gradients(
     g_v = radial.unsqueeze(-1) * u_hat + torch.where(degenerate.unsqueeze(-1), 0.0, tangential)
     row_dot = g_t * big_t + (g_v * u_hat).sum(-1) * v_norm + g_e * (big_e + big_s)
     return g_t, g_e, g_v, row_dot
-
-
-def _chord(u: Tensor, v: Tensor) -> Tensor:
-    """Exact pairwise chords ``1/2 ||u_i - v_j||^2`` from the differences (never ``1 - u.v``, App. D.1)."""
-    return torch.cdist(u, v, compute_mode="donot_use_mm_for_euclid_dist").square_().mul_(0.5)
 
 
 # --------------------------------------------------------------------------------------------
