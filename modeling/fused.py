@@ -786,3 +786,112 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
 def fused_reserved_axes_encoding(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float) -> Tensor:
     """Relative position encoding of ``p (B, N, H, d+1)`` with per-token, per-head moves ``t (N, H)``."""
     return FusedReservedAxesEncoding.apply(p, t_rows, t_cols, kind, float(sqrt_k))
+
+
+# --------------------------------------------------------------------------------------------
+# boost residual (Eq. 12)
+# --------------------------------------------------------------------------------------------
+def _boost_residual_forward(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float):
+    """Forward of :class:`FusedBoostResidual`: the output ``(B, N, n+1)`` and the intermediates of its backward."""
+    u, v = x[..., 1:], f[..., 1:]
+    a = x[..., 0] / sqrt_k
+    b = f[..., 0] / sqrt_k
+    if strength is not None:
+        b = b * strength
+    # v_perp = d + s h u with d = v - s u, h = |d|^2 / 2, s = sign(u . v) (geometry.perp)
+    cos = (u * v).sum(-1)
+    sign = torch.where(cos >= 0, 1.0, -1.0).to(v.dtype)
+    d = v - sign.unsqueeze(-1) * u
+    h = 0.5 * d.square().sum(-1)
+    v_perp = torch.addcmul(d, (sign * h).unsqueeze(-1), u)
+    b_par = b * cos
+    a_new = a + alpha * (b_par - b_par.mean(-1, keepdim=True))
+    step = alpha * b  # the perpendicular step is step * v_perp
+    omega_sq = step.square() * v_perp.square().sum(-1)
+    small = omega_sq < 1e-8  # as geometry.cosh_sinhc_sq
+    w = torch.sqrt(torch.where(small, torch.ones_like(omega_sq), omega_sq))
+    cosh_w = torch.cosh(w)
+    sinhc = torch.where(small, 1.0 + omega_sq / 6.0, torch.sinh(w) / w)
+    tanh_a = torch.tanh(a)
+    big_d = torch.addcmul(tanh_a.unsqueeze(-1) * u, (sinhc * step).unsqueeze(-1), v_perp)
+    norm = torch.linalg.vector_norm(big_d, dim=-1)
+    nonzero = norm > 0
+    direction = big_d / torch.where(nonzero, norm, torch.ones_like(norm)).unsqueeze(-1)
+    direction[..., 0] = torch.where(nonzero, direction[..., 0], torch.ones_like(norm))
+    flip = torch.where(a_new < 0, -1.0, 1.0).to(direction.dtype)
+    out = torch.cat([(sqrt_k * a_new.abs()).unsqueeze(-1), flip.unsqueeze(-1) * direction], dim=-1)
+    state = dict(u=u, v=v, b=b, cos=cos, sign=sign, d=d, h=h, v_perp=v_perp, b_par=b_par, step=step,
+                 omega_sq=omega_sq, small=small, w=w, cosh_w=cosh_w, sinhc=sinhc, tanh_a=tanh_a, norm=norm,
+                 direction=direction, flip=flip, a_new=a_new)
+    return out, state
+
+
+def _boost_residual_backward(grad: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float, st: dict):
+    """``(dL/dx, dL/df, dL/dalpha)`` of :func:`_boost_residual_forward`."""
+    u, v, b, sign, d, v_perp, step = st["u"], st["v"], st["b"], st["sign"], st["d"], st["v_perp"], st["step"]
+    flip = st["flip"]
+    g_a_new = grad[..., 0] * sqrt_k * torch.sign(st["a_new"])  # d|a'|/da' = sign(a') (0 at 0, as torch.abs)
+    g_dir = grad[..., 1:] * flip.unsqueeze(-1)
+    # direction = D / |D| with D = tanh(a) u + sinhc(omega) step v_perp
+    norm, direction = st["norm"], st["direction"]
+    nonzero = norm > 0
+    inv = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    g_big_d = (g_dir - (g_dir * direction).sum(-1, keepdim=True) * direction) * inv.unsqueeze(-1)
+    tanh_a, sinhc = st["tanh_a"], st["sinhc"]
+    g_a = (1.0 - tanh_a.square()) * (g_big_d * u).sum(-1)
+    g_u = tanh_a.unsqueeze(-1) * g_big_d
+    g_vperp_dot = (g_big_d * v_perp).sum(-1)  # dL/d(sinhc step) per token
+    # sinhc(omega) as a function of omega^2: d sinhc / d omega^2 = (cosh w - sinhc) / (2 w^2)
+    omega_sq = st["omega_sq"]
+    slope = torch.where(st["small"], torch.full_like(omega_sq, 1.0 / 6.0),
+                        (st["cosh_w"] - sinhc) / (2.0 * torch.where(st["small"], torch.ones_like(omega_sq), omega_sq)))
+    g_omega_sq = g_vperp_dot * step * slope
+    vperp_sq = v_perp.square().sum(-1)
+    g_step = g_vperp_dot * sinhc + g_omega_sq * 2.0 * step * vperp_sq
+    g_vperp = (sinhc * step).unsqueeze(-1) * g_big_d + (g_omega_sq * 2.0 * step.square()).unsqueeze(-1) * v_perp
+    # a' = a + alpha (b_par - mean b_par), b_par = b (u . v), step = alpha b
+    b_par = st["b_par"]
+    g_a = g_a + g_a_new
+    g_b_par = alpha * (g_a_new - g_a_new.mean(-1, keepdim=True))
+    g_alpha = (g_a_new * (b_par - b_par.mean(-1, keepdim=True))).sum() + (g_step * b).sum()
+    g_b = g_b_par * st["cos"] + g_step * alpha
+    g_cos = g_b_par * b
+    # v_perp = d + s h u, h = |d|^2 / 2, d = v - s u
+    g_h = sign * (g_vperp * u).sum(-1)
+    g_d = torch.addcmul(g_vperp, g_h.unsqueeze(-1), d)
+    g_u = g_u + (sign * st["h"]).unsqueeze(-1) * g_vperp - sign.unsqueeze(-1) * g_d + g_cos.unsqueeze(-1) * v
+    g_v = g_d + g_cos.unsqueeze(-1) * u
+    if strength is not None:
+        g_b = g_b * strength
+    g_x = torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1)
+    g_f = torch.cat([(g_b / sqrt_k).unsqueeze(-1), g_v], dim=-1)
+    return g_x, g_f, g_alpha
+
+
+class FusedBoostResidual(torch.autograd.Function):
+    r"""The boost residual of Eq. 12 as one function: ``a' = a + alpha (b_par - mean_N b_par)``,
+    ``u' = normalize(tanh(a) u + sinhc(alpha b |v_perp|) alpha b v_perp)`` with ``b_par = b (u . v)`` and the
+    stable ``v_perp`` of :func:`geometry.perp`; a negative ``a'`` flips the direction.
+
+    Saved: the two inputs, ``alpha`` and the stochastic-depth strength; backward recomputes the
+    per-token forward and differentiates it by hand.
+    """
+
+    @staticmethod
+    def forward(ctx, x, f, alpha, strength, sqrt_k):  # noqa: D102
+        out, _ = _boost_residual_forward(x, f, alpha, strength, sqrt_k)
+        ctx.save_for_backward(x, f, alpha, strength)
+        ctx.sqrt_k = sqrt_k
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        x, f, alpha, strength = ctx.saved_tensors
+        _, state = _boost_residual_forward(x, f, alpha, strength, ctx.sqrt_k)
+        g_x, g_f, g_alpha = _boost_residual_backward(grad, alpha, strength, ctx.sqrt_k, state)
+        return g_x, g_f, g_alpha, None, None
+
+
+def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
+    """Boost residual (Eq. 12) of ``x, f (B, N, n+1)``; ``strength (B, 1)`` or ``None``. See :class:`FusedBoostResidual`."""
+    return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k))

@@ -32,7 +32,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClass
 from .geometry import asinh_exp, cosh_sinhc_sq, input_checks, perp, safe_normalize
 from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES, PolarViTConfig
-from .fused import fused_gyro_layer_norm, fused_polar_fc, fused_reserved_axes_encoding
+from .fused import fused_boost_residual, fused_gyro_layer_norm, fused_polar_fc, fused_reserved_axes_encoding
 from .manifold_ops import PolarOps, make_ops
 
 # Parameters that are points of the manifold, stored as space coordinates (see module docstring).
@@ -317,6 +317,8 @@ class PolarResidual(nn.Module):
         return self._boost(x, f, ops, strength)
 
     def _boost(self, x: Tensor, f: Tensor, ops: PolarOps, strength: Tensor | None) -> Tensor:
+        if ops.fused:
+            return fused_boost_residual(x, f, self.alpha, strength, self.sqrt_k)
         r, u = ops.polar(x)
         r_f, v = ops.polar(f)
         a, b = r / self.sqrt_k, r_f / self.sqrt_k

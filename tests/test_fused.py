@@ -17,6 +17,7 @@ from torch.autograd import gradcheck
 import polar_vit_hf as P
 from polar_vit_hf.modeling.fused import (
     asinh_exp,
+    fused_boost_residual,
     asinh_sqrt_half,
     cosh_minus_one,
     fused_gyro_layer_norm,
@@ -26,7 +27,7 @@ from polar_vit_hf.modeling.fused import (
     sinh_cosh,
 )
 from polar_vit_hf.modeling.manifold_ops import PolarOps
-from polar_vit_hf.modeling.modeling_polar_vit import GyroLayerNorm, PolarFC, RelativePositionEncoding
+from polar_vit_hf.modeling.modeling_polar_vit import GyroLayerNorm, PolarFC, PolarResidual, RelativePositionEncoding
 
 from test_attention import EDGE_CASES, check, make_inputs
 from test_model import SWITCHES
@@ -251,6 +252,41 @@ def test_fused_position_encoding_at_the_origin_differentiates_the_composition():
     moved[:, 1:, :, 0] += step  # tokens 1..3 are moved by the encoding; token 0 stays at the origin
     finite = ((encoding(moved, (2, 2), 0, ops) - encoding(p.detach(), (2, 2), 0, ops)) * weights).sum((-1, -2))
     assert torch.allclose(grad[:, 1:, 0, 0], finite[:, 1:] / step, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# boost residual (Eq. 12)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["generic", "aligned"])  # aligned: f along x, and one exactly opposite
+@pytest.mark.parametrize("rmax", RADII)
+@pytest.mark.parametrize("drop_path", [0.0, 0.5])
+def test_fused_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_path):
+    k = 1.3
+    torch.manual_seed(2)
+    residual = PolarResidual(P.PolarViTConfig.from_preset("demo", k=k), drop_path).double().train()
+    with torch.no_grad():
+        residual.alpha.fill_(0.7)
+    x = PolarOps.make(radii(2, 5, rmax=rmax), directions(2, 5, 6, case=case)).requires_grad_(True)
+    f_dirs = directions(2, 5, 6, seed=3)
+    if case == "aligned":
+        f_dirs[:] = x[..., 1:].detach()[0, 0]
+        f_dirs[1, 2] = -f_dirs[1, 2]
+    f = PolarOps.make(radii(2, 5, rmax=3.0, seed=4), f_dirs).requires_grad_(True)
+    outputs, grads = [], []
+    weights = None
+    for fused in (False, True):
+        torch.manual_seed(5)  # the same stochastic-depth draw
+        out = residual(x, f, PolarOps(k, fused=fused))
+        weights = torch.randn_like(out) if weights is None else weights
+        outputs.append(out)
+        grads.append(torch.autograd.grad((out * weights).sum(), [x, f, residual.alpha]))
+    assert torch.allclose(outputs[1], outputs[0], rtol=1e-13, atol=1e-13)
+    for want, have in zip(*grads):
+        assert torch.allclose(have, want, rtol=1e-10, atol=1e-10 * want.abs().max())
+    strength = torch.tensor([[2.0], [0.0]], dtype=F64) if drop_path else None
+    shifted = PolarOps.make(radii(2, 5, rmax=rmax) + 0.01, x[..., 1:].detach()).requires_grad_(True)
+    assert gradcheck(lambda x, f, alpha: fused_boost_residual(x, f, alpha, strength, math.sqrt(k)),
+                     [shifted, f, residual.alpha])
 
 
 # --------------------------------------------------------------------------------------------
