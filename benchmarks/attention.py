@@ -23,9 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 IMPLS = ("eager", "chunked", "triton", "sdpa")
 
@@ -80,7 +77,7 @@ def measure(impl, batch, heads, n, dim, device, repeats):
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     else:
-        from _memory import peak_rss_growth
+        from polar_vit_hf.benchmarks._memory import peak_rss_growth
 
         with peak_rss_growth() as growth:
             run()
@@ -164,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         command = [sys.executable, __file__, "--one", f"{impl},{n}", "--device", "cpu", "--batch", str(batch),
                    "--heads", str(heads), "--dim", str(dim), "--repeats", str(args.repeats)]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-2000:], file=sys.stderr)
             return 1

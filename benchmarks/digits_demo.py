@@ -1,64 +1,57 @@
 """Polar-ViT ``demo`` vs the same-size Euclidean ViT on scikit-learn's digits, trained the same way.
 
-Run:  python benchmarks/digits_demo.py [--steps 200] [--seeds 0 1 2]
+Run:  python benchmarks/digits_demo.py [--steps 200] [--seeds 0 1 2] [--vit-lrs 1e-3]
 
 Both models (``PolarViTForImageClassification`` with the ``demo`` preset and transformers'
 ``ViTForImageClassification`` with the same image/patch size, depth, width, MLP width and heads)
-see the same seeded batches: batch 32, AdamW lr 5e-3, weight decay 0.05, 10 warm-up steps, cosine
-decay (the recipe is Polar-ViT's; ``--vit-lrs`` adds Euclidean rows at other learning rates).
-Prints held-out accuracy (mean +- std over seeds) and writes ``digits_demo.png`` (loss curves).
+are trained by the loop behind ``make demo`` (``training/pretrain.py`` with the ``digits-demo``
+recipe: batch 32, AdamW lr 5e-3, weight decay 0.05, 10 warm-up steps, cosine decay; the recipe is
+Polar-ViT's, ``--vit-lrs`` adds Euclidean rows at other learning rates), once per seed.  Prints
+held-out accuracy (mean +- std over seeds) and writes ``digits_demo.png`` (loss curves).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-
-import polar_vit_hf as P  # noqa: E402
-from polar_vit_hf.baselines import euclidean_vit  # noqa: E402
-from polar_vit_hf.data import digits_splits  # noqa: E402
-from polar_vit_hf.demo import accuracy, fit_classifier  # noqa: E402
+import polar_vit_hf as P
+from polar_vit_hf.baselines import euclidean_vit
+from polar_vit_hf.training.demo import run_digits
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--vit-lrs", type=float, nargs="*", default=[1e-3],
                         help="extra learning rates for the Euclidean ViT (the shared recipe is tuned for Polar-ViT)")
     parser.add_argument("--out", default="outputs/digits_demo")
     args = parser.parse_args(argv)
-    train, test = digits_splits(image_size=32, seed=0)
-    config = P.PolarViTConfig.from_preset("demo", id2label={i: str(i) for i in range(10)})
-    builders = {"Polar-ViT (demo)": (lambda: P.PolarViTForImageClassification(config), args.lr),
-                "Euclidean ViT (same size)": (lambda: euclidean_vit(config), args.lr)}
+    runs = {"Polar-ViT (demo)": ("polar", []), "Euclidean ViT (same size)": ("euclidean", [])}
     for lr in args.vit_lrs:
-        builders[f"Euclidean ViT, lr {lr:g}"] = (lambda: euclidean_vit(config), lr)
-    results = {name: {"acc": [], "losses": [], "seconds": []} for name in builders}
-    for seed in args.seeds:
-        for name, (build, lr) in builders.items():
-            torch.manual_seed(seed)
-            model = build()
-            start = time.perf_counter()
-            losses = fit_classifier(model, train, steps=args.steps, batch_size=32, lr=lr, seed=seed, progress=True)
-            results[name]["seconds"].append(time.perf_counter() - start)
-            results[name]["losses"].append(losses)
-            results[name]["acc"].append(accuracy(model, test))
+        runs[f"Euclidean ViT, lr {lr:g}"] = ("euclidean", ["--lr", str(lr)])
+    results = {name: {"acc": [], "losses": [], "seconds": []} for name in runs}
+    with tempfile.TemporaryDirectory() as scratch:
+        for seed in args.seeds:
+            for index, (name, (arch, extra)) in enumerate(runs.items()):
+                start = time.perf_counter()
+                rows = run_digits(arch, Path(scratch) / f"{seed}-{index}", args.steps, ["--seed", str(seed), *extra])
+                results[name]["seconds"].append(time.perf_counter() - start)
+                results[name]["losses"].append([float(row["loss"]) for row in rows])
+                results[name]["acc"].append(float(rows[-1]["eval_accuracy"]))
+    config = P.PolarViTConfig.from_preset("demo", id2label={i: str(i) for i in range(10)})
+    params = {"polar": sum(p.numel() for p in P.PolarViTForImageClassification(config).parameters()),
+              "euclidean": sum(p.numel() for p in euclidean_vit(config).parameters())}
     print(f"\nDigits (1348 train / 449 held-out, 32 x 32), {args.steps} steps, seeds {args.seeds}")
     print(f"{'model':<28} {'params':>8} {'held-out accuracy':>24} {'train time':>11}")
-    for name, (build, _) in builders.items():
-        params = sum(p.numel() for p in build().parameters())
+    for name, (arch, _) in runs.items():
         acc = results[name]["acc"]
         spread = statistics.pstdev(acc) if len(acc) > 1 else 0.0
-        print(f"{name:<28} {params:>8,} {100 * statistics.mean(acc):>15.2f} +- {100 * spread:.2f} %"
+        print(f"{name:<28} {params[arch]:>8,} {100 * statistics.mean(acc):>15.2f} +- {100 * spread:.2f} %"
               f" {statistics.mean(results[name]['seconds']):>9.1f} s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,10 +69,9 @@ def plot(results: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for (name, result), color in zip(results.items(), ("tab:blue", "tab:gray", "tab:orange", "tab:green")):
         for index, losses in enumerate(result["losses"]):
-            smooth = torch.tensor(losses).unfold(0, 10, 1).mean(-1).tolist() if len(losses) >= 10 else losses
-            ax.plot(smooth, color=color, alpha=0.8, label=name if index == 0 else None)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (10-step mean)")
+            ax.plot(range(1, len(losses) + 1), losses, color=color, alpha=0.8, label=name if index == 0 else None)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss (logged steps)")
     ax.set_yscale("log")
     ax.legend()
     ax.grid(alpha=0.3)

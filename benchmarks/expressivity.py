@@ -18,19 +18,16 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from torch import nn
+from torch.func import functional_call, grad, stack_module_state, vmap
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.func import functional_call, grad, stack_module_state, vmap  # noqa: E402
-
-from polar_vit_hf import geometry as G  # noqa: E402
-from polar_vit_hf.geometry import ambient as A  # noqa: E402
-from polar_vit_hf.modeling.manifold_ops import PolarOps  # noqa: E402
-from polar_vit_hf.modeling.modeling_polar_vit import PolarFC  # noqa: E402
+from polar_vit_hf import geometry as G
+from polar_vit_hf.geometry import ambient as A
+from polar_vit_hf.modeling.manifold_ops import PolarOps
+from polar_vit_hf.modeling.modeling_polar_vit import PolarFC
 
 DIM = 16
 THRESHOLD = 0.1

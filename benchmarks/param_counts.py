@@ -6,15 +6,11 @@ Run:  python benchmarks/param_counts.py
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-import polar_vit_hf as P  # noqa: E402
-from polar_vit_hf.baselines import euclidean_vit  # noqa: E402
+import polar_vit_hf as P
+from polar_vit_hf.baselines import euclidean_vit
 
 PAPER = {"tiny": "2.9 M", "small": "21.7 M"}
 

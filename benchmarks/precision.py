@@ -13,14 +13,11 @@ import argparse
 import csv
 import math
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tqdm.auto import tqdm
 
-from tqdm.auto import tqdm  # noqa: E402
-
-from polar_vit_hf.precision import bf16_radius_limit, precision_row, weight_decay_row  # noqa: E402
+from polar_vit_hf.benchmarks.precision_study import bf16_radius_limit, precision_row, weight_decay_row
 
 
 def fmt(v: float) -> str:

@@ -28,9 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 MODELS = ("euclidean", "ambient", "polar-reference", "polar", "polar-chunked")
 
@@ -64,7 +61,7 @@ def worker(args: argparse.Namespace) -> None:
         loss.backward()
         model.zero_grad(set_to_none=True)
 
-    from _memory import peak_rss_growth
+    from polar_vit_hf.benchmarks._memory import peak_rss_growth
 
     with peak_rss_growth() as growth:  # the first (cold) step: every buffer is allocated once
         step()
@@ -131,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
         if args.compile:
             command.append("--compile")
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)
             return done.returncode

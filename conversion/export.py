@@ -14,7 +14,7 @@ OUT_DIR receives safetensors weights (sharded above ``--max_shard_size``), ``con
 ``architectures`` and an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and
 ``AutoModelForImageClassification``, ``preprocessor_config.json`` with its ``AutoImageProcessor``
 ``auto_map``, the ``modeling/`` source files, and a ``README.md`` model card rendered from
-``model_cards/template.md`` (metrics from the run's ``metrics.csv`` when present).
+the package's model-card template (metrics from the run's ``metrics.csv`` when present).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 
@@ -123,8 +122,7 @@ def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which
     checkpoints = sorted((source / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[-1]))
     checkpoints = [p for p in checkpoints if p.name.split("_")[-1].isdigit()]
     if checkpoints and (source / "recipe.json").exists():
-        sys.path.insert(0, str(ROOT / "training"))
-        from pretrain import build_model
+        from polar_vit_hf.training.pretrain import build_model
 
         recipe = json.loads((source / "recipe.json").read_text())
         weights = checkpoints[-1] / "model.safetensors"

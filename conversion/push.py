@@ -16,9 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from verify import MARKER, folder_digest  # noqa: E402
+from polar_vit_hf.conversion.verify import MARKER, folder_digest
 
 
 class PushError(RuntimeError):
@@ -72,8 +70,8 @@ def publish(source: Path, repo_id: str | None = None, private: bool = False, rev
     The folder goes to ``out_dir`` (default ``SOURCE/hub_export``); ``repo_id`` defaults to
     ``<token's user>/<SOURCE name>``.  Returns False (and pushes nothing) if verification fails.
     """
-    from export import export
-    from verify import verify
+    from polar_vit_hf.conversion.export import export
+    from polar_vit_hf.conversion.verify import verify
 
     if repo_id is None:
         from huggingface_hub import HfApi

@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".polar_vit_verified.json"
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -122,9 +121,9 @@ def check_hub_files(repo_id: str, revision: str | None, source: Path, workdir: P
 def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e-5,
            revision: str | None = None) -> bool:
     """Load ``target`` (an export folder, or a pushed repo id with ``source``) both ways; see the module doc."""
-    sys.path.insert(0, str(ROOT / "conversion"))
     import polar_vit_hf as P
-    from export import load_source
+
+    from polar_vit_hf.conversion.export import load_source
 
     from_hub = is_repo_id(target)
     if from_hub and source is None:

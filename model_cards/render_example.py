@@ -9,15 +9,12 @@ reports numbers that were not measured for that model).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import polar_vit_hf as P  # noqa: E402
-from polar_vit_hf.model_card import render_model_card  # noqa: E402
+import polar_vit_hf as P
+from polar_vit_hf.model_card import render_model_card
 
 
 def main() -> int:

@@ -3,22 +3,35 @@
 ``polar_attention`` works on per-head polar points: radii ``(B, H, N)`` and directions
 ``(B, H, N, d)``.  The score between query ``i`` and key ``j`` is ``-scale_h * d^2(q_i, k_j)``
 (``scale = gamma / tau`` of Eq. 9) and the output is the polar centroid of the values with the
-softmax weights.
+softmax weights.  The implementations live in a registry keyed by ``config.polar_attn_implementation``
+(:class:`PolarAttentionInterface`, like transformers' ``AttentionInterface``): ``eager`` (the
+reference), ``fused`` (one block, :mod:`fused`), ``chunked`` (key blocks with an online softmax) and
+``triton`` (CUDA kernels); ``PolarAttentionInterface.register(name, function)`` adds one.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Union
+from typing import Callable, Union
 
 import torch
 from torch import Tensor
+from transformers.utils.generic import GeneralInterface
 
-from .geometry import asinh_exp, asinhc_half, centroid, pairwise_sq_distance, safe_normalize, sq_distance_from_c
-from .fused import centroid_row_gradients, fused_polar_attention
+from .fused import fused_polar_attention, row_gradients
+from .geometry import (
+    asinhc_half,
+    centroid,
+    centroid_radius,
+    chord,
+    haversine_from_chord,
+    pairwise_chord,
+    pairwise_sq_distance,
+    safe_normalize,
+    sq_distance_from_c,
+)
 from .triton_attention import TRITON_AVAILABLE, triton_polar_attention
 
-IMPLEMENTATIONS = ("eager", "fused", "chunked", "triton")
 DEFAULT_BLOCK = 128
 # ``auto`` on CPU: sequences at least this long use the chunked path (measured: benchmarks/attention.py)
 CHUNKED_MIN_TOKENS = 1024
@@ -63,32 +76,10 @@ def eager_polar_attention(
 # ------------------------------------------------------------------------------------------------
 # chunked: online softmax over key blocks, O(N * block) memory, recomputing backward
 # ------------------------------------------------------------------------------------------------
-def _chord(u: Tensor, v: Tensor) -> Tensor:
-    """Exact pairwise chords ``1/2 ||u_i - v_j||^2`` from the differences (no gradient tracking)."""
-    return 0.5 * torch.cdist(u, v, compute_mode="donot_use_mm_for_euclid_dist").square()
-
-
-def _row_chord(u: Tensor, v: Tensor) -> Tensor:
-    return 0.5 * (u - v).square().sum(-1)
-
-
 def _haversine_block(a: Tensor, uq: Tensor, b: Tensor, uk: Tensor) -> tuple[Tensor, Tensor]:
-    """``c`` of Eq. 5 for all query/key pairs of a block and the chord it used."""
-    chord = _chord(uq, uk)
-    a, b = a.unsqueeze(-1), b.unsqueeze(-2)
-    return 2.0 * torch.sinh(0.5 * (a - b)).square() + torch.sinh(a) * torch.sinh(b) * chord, chord
-
-
-def row_gradients(grad_r: Tensor, grad_u: Tensor, stats: Tensor, a_mu: Tensor, u_hat: Tensor, k: float):
-    """Per-row partials of the attention output with respect to the softmax-normalised sums.
-
-    ``stats`` holds ``(m, l, T, E, S, ||V||)`` per row (sums divided by the softmax denominator ``l``);
-    returns ``(g_T, g_E, g_S, g_V, sum_j p_ij g_p_ij)`` from :func:`fused.centroid_row_gradients`
-    (Eq. 22; ``g_S = g_E``), the last one the row constant of the softmax backward.
-    """
-    _, _, big_t, big_e, big_s, v_norm = stats
-    g_t, g_e, g_v, row_dot = centroid_row_gradients(grad_r, grad_u, big_t, big_e, big_s, v_norm, a_mu, u_hat, k)
-    return g_t, g_e, g_e, g_v, row_dot
+    """``c`` of Eq. 5 for all query/key pairs of a block and the exact chords it used."""
+    pair_chords = pairwise_chord(uq, uk)
+    return haversine_from_chord(a.unsqueeze(-1), b.unsqueeze(-2), pair_chords), pair_chords
 
 
 class _ChunkedPolarAttention(torch.autograd.Function):
@@ -142,14 +133,11 @@ class _ChunkedPolarAttention(torch.autograd.Function):
             v_old_norm = torch.linalg.vector_norm(big_v, dim=-1) * alpha
             big_v = big_v * alpha.unsqueeze(-1) + w @ uv[:, :, blk]
             u_new = safe_normalize(big_v)
-            big_s = (big_s * alpha + v_old_norm * _row_chord(u_hat, u_new)
-                     + (w * _chord(u_new, uv[:, :, blk])).sum(-1))
+            big_s = (big_s * alpha + v_old_norm * chord(u_hat, u_new)
+                     + (w * pairwise_chord(u_new, uv[:, :, blk])).sum(-1))
             u_hat, m = u_new, m_new
         v_norm = torch.linalg.vector_norm(big_v, dim=-1)
-        degenerate = v_norm <= 0
-        v_safe = torch.where(degenerate, torch.ones_like(v_norm), v_norm)
-        log_sinh = torch.log(v_safe) - 0.5 * torch.log(big_e + big_s) - 0.5 * torch.log(big_t + v_norm)
-        a_mu = torch.where(degenerate, torch.zeros_like(log_sinh), asinh_exp(log_sinh))
+        a_mu = centroid_radius(big_t, big_e, big_s, v_norm, v_norm <= 0)
         stats = torch.stack([m, norm, big_t / norm, big_e / norm, big_s / norm, v_norm / norm])
         ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, stats, a_mu, u_hat)
         ctx.k, ctx.block = k, block
@@ -172,7 +160,7 @@ class _ChunkedPolarAttention(torch.autograd.Function):
             c, chord_qk = _haversine_block(a_q, uq, a_k[:, :, blk], uk[:, :, blk])
             d2 = sq_distance_from_c(c, k)
             p = torch.exp(-scale_v * d2 - m.unsqueeze(-1)) / norm.unsqueeze(-1)
-            chord_v = _chord(u_hat, uv[:, :, blk])
+            chord_v = pairwise_chord(u_hat, uv[:, :, blk])
             sb, cb, eb = sinh_b[:, :, None, blk], cosh_b[:, :, None, blk], exp_b[:, :, None, blk]
             gv_dot = g_v @ uv[:, :, blk].transpose(-1, -2)  # (B, H, Nq, bk)
             g_p = g_t.unsqueeze(-1) * cb + gv_dot * sb + g_e.unsqueeze(-1) * (eb + sb * chord_v)
@@ -222,6 +210,37 @@ def chunked_polar_attention(
     return _ChunkedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale_h, float(k), int(block))
 
 
+def _eager(rq, uq, rk, uk, rv, uv, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, Tensor]:
+    return eager_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k)
+
+
+def _fused(rq, uq, rk, uk, rv, uv, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
+    return (*fused_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k), None)
+
+
+def _chunked(rq, uq, rk, uk, rv, uv, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
+    return (*chunked_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k), None)
+
+
+def _triton(rq, uq, rk, uk, rv, uv, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
+    return (*triton_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k), None)
+
+
+class PolarAttentionInterface(GeneralInterface):
+    """Registry of polar attention cores keyed by ``config.polar_attn_implementation``.
+
+    Every function takes ``(rq, uq, rk, uk, rv, uv, scale_h, k)`` (radii ``(B, H, N)``, directions
+    ``(B, H, N, d)``, ``scale_h`` an ``(H,)`` tensor) and returns ``(r, u, probs)``, with ``probs``
+    ``None`` where the implementation never materialises them (all but ``eager``).
+    """
+
+    _global_mapping: dict[str, Callable] = {"eager": _eager, "fused": _fused, "chunked": _chunked, "triton": _triton}
+
+
+POLAR_ATTENTION_FUNCTIONS = PolarAttentionInterface()
+IMPLEMENTATIONS = tuple(POLAR_ATTENTION_FUNCTIONS)
+
+
 def select_implementation(
     requested: str, output_attentions: bool, device: torch.device, num_tokens: int, fused: bool = True
 ) -> str:
@@ -258,28 +277,25 @@ def polar_attention(
     """Polar attention of Eq. 9: ``softmax_j(-scale d^2(q_i, k_j))`` and the polar centroid of the values.
 
     Shapes: radii ``(B, H, N)``, directions ``(B, H, N, d)``; ``scale`` is a float or an ``(H,)``
-    tensor.  Returns ``(r, u)`` of shapes ``(B, H, Nq)``, ``(B, H, Nq, d)``, and the probabilities
-    ``(B, H, Nq, Nk)`` as a third element when ``return_probs`` is set (eager only).
+    tensor; ``impl`` a key of :class:`PolarAttentionInterface`.  Returns ``(r, u)`` of shapes
+    ``(B, H, Nq)``, ``(B, H, Nq, d)``, and the probabilities ``(B, H, Nq, Nk)`` as a third element
+    when ``return_probs`` is set (eager only).
     """
     _check_attention_shapes(rq, uq, rk, uk, rv, uv)
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl={impl!r} is not one of {IMPLEMENTATIONS}")
-    if impl == "eager":
-        r, u, probs = eager_polar_attention(rq, uq, rk, uk, rv, uv, scale, k)
-        return (r, u, probs) if return_probs else (r, u)
-    if return_probs:
+    if impl not in POLAR_ATTENTION_FUNCTIONS:
+        raise ValueError(f"impl={impl!r} is not one of {tuple(POLAR_ATTENTION_FUNCTIONS)}")
+    if return_probs and impl != "eager":
         raise ValueError(f"impl={impl!r} never materialises the attention probabilities; use impl='eager'")
-    if impl == "chunked":
-        return chunked_polar_attention(rq, uq, rk, uk, rv, uv, scale, k)
     heads = uq.shape[1]
     scale_h = _scale_tensor(scale, heads, rq).reshape(-1).expand(heads).contiguous()
-    if impl == "fused":
-        return fused_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k)
-    return triton_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k)
+    r, u, probs = POLAR_ATTENTION_FUNCTIONS[impl](rq, uq, rk, uk, rv, uv, scale_h, float(k))
+    return (r, u, probs) if return_probs else (r, u)
 
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "POLAR_ATTENTION_FUNCTIONS",
+    "PolarAttentionInterface",
     "chunked_polar_attention",
     "eager_polar_attention",
     "fused_polar_attention",

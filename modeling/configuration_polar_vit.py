@@ -16,7 +16,14 @@ READOUTS = ("centroid", "cls")
 HEADS = ("lorentz_mlr", "poincare_mlr", "tangent_linear")  # Bdeir et al. 2024 / HNN++ / hybrid
 ARITHMETICS = ("polar", "ambient")
 POSITION_EMBEDDINGS = ("learned", "sincos", "none")
-ATTENTION_IMPLEMENTATIONS = ("auto", "eager", "fused", "chunked", "triton")
+ATTENTION_IMPLEMENTATIONS = ("auto", "eager", "fused", "chunked", "triton")  # built in; more can be registered
+
+
+def attention_implementations() -> tuple[str, ...]:
+    """``"auto"`` and every key of ``attention.PolarAttentionInterface`` (built-in or registered)."""
+    from .attention import POLAR_ATTENTION_FUNCTIONS  # imported when validating: the config module stays light
+
+    return ("auto", *POLAR_ATTENTION_FUNCTIONS)
 
 # Reserved space axes of every head for the 2-D relative positional encoding: one (ideal, shift)
 # pair per grid axis (rows, columns), Eq. 10 and Appendix C.2.
@@ -161,7 +168,7 @@ class PolarViTConfig(PreTrainedConfig):
             ("readout", READOUTS),
             ("head", HEADS),
             ("arithmetic", ARITHMETICS),
-            ("polar_attn_implementation", ATTENTION_IMPLEMENTATIONS),
+            ("polar_attn_implementation", attention_implementations()),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor
 
-from .geometry import _SERIES_C  # below this c, asinh(s)/s uses its Taylor series
+from .geometry import _SERIES_C, asinh_exp, centroid_radius  # _SERIES_C: below it asinh(s)/s is a series
 
 GROUP_ELEMENTS = 1 << 18  # N x M elements per group of (batch, head) slices (cache-sized)
 
@@ -76,24 +76,6 @@ def distance_slope(c: Tensor, asinh_s: Tensor, root: Tensor) -> Tensor:
     return 2.0 * torch.where(small, series, asinh_s / s) / root
 
 
-def centroid_log_sinh(big_t: Tensor, big_e: Tensor, big_s: Tensor, v_norm: Tensor) -> Tensor:
-    """``ln sinh a_mu = ln ||V|| - 1/2 ln(E + S) - 1/2 ln(T + ||V||)`` (Eq. 22); ``-inf`` where ``V = 0``."""
-    return torch.log(v_norm) - 0.5 * torch.log(big_e + big_s) - 0.5 * torch.log(big_t + v_norm)
-
-
-def asinh_exp(log_value: Tensor) -> Tensor:
-    """``arsinh(e^l)``: ``l + log1p(sqrt(1 + e^{-2l}))`` for ``l > 0``, else ``log1p(e^l + e^{2l} / (1 + sqrt(1 + e^{2l})))``.
-
-    The same function as :func:`geometry.asinh_exp`, through ``exp`` / ``log1p`` only; ``l = -inf``
-    gives 0.
-    """
-    e = torch.exp(-log_value.abs())  # e^{-|l|} <= 1
-    root = torch.sqrt(1.0 + e * e)
-    large = log_value.clamp_min(0.0) + torch.log1p(root)
-    small = torch.log1p(e + e * e / (1.0 + root))
-    return torch.where(log_value > 0, large, small)
-
-
 def centroid_row_gradients(
     grad_r: Tensor, grad_u: Tensor, big_t: Tensor, big_e: Tensor, big_s: Tensor, v_norm: Tensor, a_mu: Tensor,
     u_hat: Tensor, k: float,
@@ -115,6 +97,18 @@ def centroid_row_gradients(
     g_v = radial.unsqueeze(-1) * u_hat + torch.where(degenerate.unsqueeze(-1), 0.0, tangential)
     row_dot = g_t * big_t + (g_v * u_hat).sum(-1) * v_norm + g_e * (big_e + big_s)
     return g_t, g_e, g_v, row_dot
+
+
+def row_gradients(grad_r: Tensor, grad_u: Tensor, stats: Tensor, a_mu: Tensor, u_hat: Tensor, k: float):
+    """Per-row partials of an attention output with respect to its softmax-normalised sums (chunked, Triton).
+
+    ``stats`` holds ``(m, l, T, E, S, ||V||)`` per row (sums divided by the softmax denominator ``l``);
+    returns ``(g_T, g_E, g_S, g_V, sum_j p_ij g_p_ij)`` from :func:`centroid_row_gradients`
+    (Eq. 22; ``g_S = g_E``), the last one the row constant of the softmax backward.
+    """
+    _, _, big_t, big_e, big_s, v_norm = stats
+    g_t, g_e, g_v, row_dot = centroid_row_gradients(grad_r, grad_u, big_t, big_e, big_s, v_norm, a_mu, u_hat, k)
+    return g_t, g_e, g_e, g_v, row_dot
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,8 +193,7 @@ def _attention_forward(ws, rq, uq_t, rk, uk_t, rv, uv, uv_t, scale, k):
     u_hat[..., 0] = torch.where(nonzero, u_hat[..., 0], torch.ones_like(v_norm))  # origin: direction e_0
     chord_v = _pair_chords(c, tmp, u_hat.transpose(-1, -2), uv_t)
     big_s = (chord_v.mul_(probs) @ sinh_beta.unsqueeze(-1)).squeeze(-1)
-    log_sinh = centroid_log_sinh(big_t, big_e, big_s, v_norm)
-    a_mu = torch.where(nonzero, asinh_exp(log_sinh), torch.zeros_like(v_norm))
+    a_mu = centroid_radius(big_t, big_e, big_s, v_norm, ~nonzero)
     return a_mu, u_hat, lse, big_t, big_e, big_s, v_norm
 
 
@@ -524,7 +517,7 @@ def _gyro_norm_forward(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps:
     diff = u - u_hat.unsqueeze(-2)  # exact differences for the chords (App. D.1)
     chord = 0.5 * diff.square().sum(-1)  # (B, N)
     big_s = (sinh_a * chord).mean(-1)
-    a_m = torch.where(nonzero, asinh_exp(centroid_log_sinh(big_t, big_e, big_s, v_norm)), torch.zeros_like(v_norm))
+    a_m = centroid_radius(big_t, big_e, big_s, v_norm, ~nonzero)
     sinh_m, cosh_m = sinh_cosh(a_m)
     # dispersion: mean squared distance to the centroid (Eq. 5)
     c, sinh_x = cosh_minus_one(a - a_m.unsqueeze(-1))

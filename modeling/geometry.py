@@ -35,6 +35,8 @@ __all__ = [
     "boost",
     "busemann_nu",
     "centroid",
+    "centroid_log_sinh",
+    "centroid_radius",
     "chord",
     "cosh_sinhc_sq",
     "distance",
@@ -47,6 +49,7 @@ __all__ = [
     "gyrocenter",
     "gyroneg",
     "haversine",
+    "haversine_from_chord",
     "horoshift",
     "input_checks",
     "logmap",
@@ -147,15 +150,20 @@ def _check_axis(axis: int, n: int, name: str) -> None:
 # scalar helpers
 # --------------------------------------------------------------------------------------------
 def asinh_exp(log_value: Tensor) -> Tensor:
-    """``arsinh(exp(l))`` without overflow: ``l + ln(1 + sqrt(1 + e^{-2l}))`` for ``l > 0``.
+    """``arsinh(exp(l))`` without overflow, through ``exp`` / ``log1p`` only (PyTorch's ``asinh`` is scalar code
+    on the CPU): ``l + log1p(sqrt(1 + e^{-2l}))`` for ``l > 0``, else ``log1p(e + e^2 / (1 + sqrt(1 + e^2)))``
+    with ``e = e^l <= 1`` (every term non-negative); ``l = -inf`` gives 0.
 
     This is how every log-domain radius is turned into a radius (Eq. 8, Eq. 22).
     """
-    pos = log_value.clamp_min(0.0)
-    neg = log_value.clamp_max(0.0)
-    large = pos + torch.log1p(torch.sqrt(1.0 + torch.exp(-2.0 * pos)))
-    small = torch.asinh(torch.exp(neg))
-    return torch.where(log_value > 0, large, small)
+    positive = log_value > 0
+    zero = torch.zeros_like(log_value)
+    pos = torch.where(positive, log_value, zero)  # (torch.where, not clamp: full gradient at l = 0)
+    e_neg = torch.exp(-pos)  # e^{-l} for l > 0
+    large = pos + torch.log1p(torch.sqrt(1.0 + e_neg * e_neg))
+    e_pos = torch.exp(torch.where(positive, zero, log_value))  # e^{l} for l <= 0
+    small = torch.log1p(e_pos + e_pos * e_pos / (1.0 + torch.sqrt(1.0 + e_pos * e_pos)))
+    return torch.where(positive, large, small)
 
 
 def asinhc_half(c: Tensor) -> Tensor:
@@ -344,17 +352,22 @@ def pairwise_chord(u: Tensor, v: Tensor) -> Tensor:
     return _PairwiseChord.apply(u, v)
 
 
-def haversine(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0) -> Tensor:
-    """Hyperbolic law of haversines, Eq. 5: ``c = cosh(d/sqrt(k)) - 1``.
+def haversine_from_chord(a: Tensor, b: Tensor, chords: Tensor) -> Tensor:
+    """The law of haversines, Eq. 5: ``c = cosh D - 1 = 2 sinh^2((a - b)/2) + sinh a sinh b chord``.
 
-    ``c = 2 sinh^2((a - b)/2) + sinh a sinh b * 1/2 ||u - v||^2``, a sum of non-negative terms.
+    Radii ``a, b`` divided by ``sqrt(k)`` (broadcasting), ``chords = 1/2 ||u - v||^2``; a sum of
+    non-negative terms.
     """
+    return 2.0 * torch.sinh(0.5 * (a - b)).square() + torch.sinh(a) * torch.sinh(b) * chords
+
+
+def haversine(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Hyperbolic law of haversines, Eq. 5: ``c = cosh(d/sqrt(k)) - 1`` of two points (elementwise)."""
     sk = _sqrt_k(k)
     _check_point(r1, u1, "1")
     _check_point(r2, u2, "2")
     _check_same_dim(u1, u2)
-    a, b = r1 / sk, r2 / sk
-    return 2.0 * torch.sinh(0.5 * (a - b)).square() + torch.sinh(a) * torch.sinh(b) * chord(u1, u2)
+    return haversine_from_chord(r1 / sk, r2 / sk, chord(u1, u2))
 
 
 def sq_distance(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0) -> Tensor:
@@ -384,15 +397,26 @@ def pairwise_sq_distance(
     _check_point(rk, uk, "k")
     if uq.dim() < 2 or uk.dim() < 2:
         raise ValueError("pairwise_sq_distance needs uq (..., Nq, n) and uk (..., Nk, n)")
-    a = (rq / sk).unsqueeze(-1)
-    b = (rk / sk).unsqueeze(-2)
-    c = 2.0 * torch.sinh(0.5 * (a - b)).square() + torch.sinh(a) * torch.sinh(b) * pairwise_chord(uq, uk)
+    c = haversine_from_chord((rq / sk).unsqueeze(-1), (rk / sk).unsqueeze(-2), pairwise_chord(uq, uk))
     return sq_distance_from_c(c, k)
 
 
 # --------------------------------------------------------------------------------------------
 # centroid
 # --------------------------------------------------------------------------------------------
+def centroid_log_sinh(big_t: Tensor, big_e: Tensor, big_s: Tensor, v_norm: Tensor) -> Tensor:
+    """``ln sinh a_mu = ln ||V|| - 1/2 ln(E + S) - 1/2 ln(T + ||V||)`` (Eq. 22); ``-inf`` where ``V = 0``."""
+    return torch.log(v_norm) - 0.5 * torch.log(big_e + big_s) - 0.5 * torch.log(big_t + v_norm)
+
+
+def centroid_radius(big_t: Tensor, big_e: Tensor, big_s: Tensor, v_norm: Tensor, degenerate: Tensor) -> Tensor:
+    """The centroid radius ``a_mu`` (divided by ``sqrt(k)``) of Eq. 22 from the weighted sums; 0 (the origin, with
+    zero gradients) where ``degenerate``."""
+    v_safe = torch.where(degenerate, torch.ones_like(v_norm), v_norm)
+    log_sinh = centroid_log_sinh(big_t, big_e, big_s, v_safe)
+    return torch.where(degenerate, torch.zeros_like(log_sinh), asinh_exp(log_sinh))
+
+
 def centroid(r: Tensor, u: Tensor, weights: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
     """Weighted Lorentz centroid (Eq. 4) in polar form, Eq. 6, 7 and the log-domain radius Eq. 22.
 
@@ -428,10 +452,7 @@ def centroid(r: Tensor, u: Tensor, weights: Tensor, k: Curvature = 1.0) -> tuple
     v_norm = _safe_norm(big_v)
     u_hat = safe_normalize(big_v)
     big_s = (w_sinh * pairwise_chord(u_hat, u)).sum(-1)
-    degenerate = empty_row | (v_norm <= 0)
-    v_safe = torch.where(degenerate, torch.ones_like(v_norm), v_norm)
-    log_sinh = torch.log(v_safe) - 0.5 * torch.log(big_e + big_s) - 0.5 * torch.log(big_t + v_norm)
-    a_mu = torch.where(degenerate, torch.zeros_like(log_sinh), asinh_exp(log_sinh))
+    a_mu = centroid_radius(big_t, big_e, big_s, v_norm, empty_row | (v_norm <= 0))
     return sk * a_mu, u_hat
 
 

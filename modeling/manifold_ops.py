@@ -1,8 +1,9 @@
 """The two arithmetics of Polar-ViT: polar form and ambient Lorentz coordinates.
 
-Every layer of the model is written once against the small interface below; ``PolarOps`` runs it
-with the polar operations of :mod:`geometry`, ``AmbientOps`` with the ambient formulas of
-:mod:`ambient` (the paper's baseline).  Both represent a point as one tensor of shape
+Every layer of the model is written once against the interface :class:`ManifoldOps`; its two
+implementations are siblings: ``PolarOps`` runs it with the polar operations of :mod:`geometry`,
+``AmbientOps`` with the ambient formulas of :mod:`ambient` (the paper's baseline).  An operation
+one of them lacks is an error at class creation (abstract method), never a silent fallback.  Both represent a point as one tensor of shape
 ``(..., n+1)`` so that reshapes, indexing and gradient checkpointing are the same:
 
 * polar:   ``p = [r, u_1, ..., u_n]`` (radius, then unit direction);
@@ -15,6 +16,7 @@ the other, and in float64 both give the same logits (to ~1e-12).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 
 import torch
 from torch import Tensor
@@ -45,17 +47,121 @@ from .geometry import (
     sq_distance,
     to_ambient,
 )
+from .attention import polar_attention
 
 
-class PolarOps:
+class ManifoldOps(ABC):
+    """The operations Polar-ViT's layers use, on points packed as one tensor ``(..., n+1)``.
+
+    ``fused`` is ``True`` only for polar arithmetic with ``config.fused_ops``: the layers then call
+    the fused functions of :mod:`fused` (the same formulas with hand-derived backward passes).
+    """
+
+    name: str
+    fused: bool = False
+
+    def __init__(self, k: float = 1.0):
+        self.k = float(k)
+        self.sqrt_k = math.sqrt(self.k)
+
+    @abstractmethod
+    def make(self, r: Tensor, u: Tensor) -> Tensor:
+        """Pack a radius ``(...)`` and a direction ``(..., n)`` into a point ``(..., n+1)``."""
+
+    @abstractmethod
+    def polar(self, p: Tensor) -> tuple[Tensor, Tensor]:
+        """``(r, u)`` of a point."""
+
+    @abstractmethod
+    def radius(self, p: Tensor) -> Tensor:
+        """Geodesic radius ``r`` of a point."""
+
+    @abstractmethod
+    def to_ambient(self, p: Tensor) -> Tensor:
+        """Ambient coordinates ``(x_0, x_s)``."""
+
+    @abstractmethod
+    def unit_coords(self, p: Tensor) -> Tensor:
+        """``x / sqrt(k) = (cosh a, sinh a u)``: the input of a Lorentz / Polar fully connected layer."""
+
+    @abstractmethod
+    def klein(self, p: Tensor) -> Tensor:
+        """Klein vector ``chi = tanh(a) u = x_s / x_0`` (Eq. 8)."""
+
+    @abstractmethod
+    def space(self, p: Tensor) -> Tensor:
+        """Space coordinates ``x_s = sqrt(k) sinh(a) u``."""
+
+    @abstractmethod
+    def from_space(self, xs: Tensor) -> Tensor:
+        """The point with space coordinates ``xs``."""
+
+    @abstractmethod
+    def origin_like(self, p: Tensor) -> Tensor:
+        """The origin, shaped like ``p``."""
+
+    @abstractmethod
+    def sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
+        """Squared geodesic distance (Eq. 5), elementwise."""
+
+    @abstractmethod
+    def pairwise_sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
+        """``(..., N, n+1), (..., M, n+1)`` -> ``(..., N, M)`` squared distances."""
+
+    @abstractmethod
+    def centroid(self, p: Tensor, weights: Tensor) -> Tensor:
+        """``p (..., M, n+1)``, ``weights (..., N, M)`` -> ``(..., N, n+1)`` (Eq. 4, 22)."""
+
+    @abstractmethod
+    def gyrocenter(self, center: Tensor, p: Tensor) -> Tensor:
+        """``(-)center (+) p`` (Eq. 21)."""
+
+    @abstractmethod
+    def gyroadd_space(self, bias_space: Tensor, p: Tensor) -> Tensor:
+        """``b (+) p`` for a bias point given by its space coordinates (Eq. 20)."""
+
+    @abstractmethod
+    def scale(self, p: Tensor, factor: Tensor) -> Tensor:
+        """Gyro scalar multiplication ``t (x) p``: the radius is scaled, the direction kept."""
+
+    @abstractmethod
+    def horoshift(self, p: Tensor, t: Tensor, ideal_axis: int, shift_axis: int) -> Tensor:
+        """Horoshift (Eq. 10) by ``t`` with the given ideal and shift axes."""
+
+    @abstractmethod
+    def boost(self, p: Tensor, t: Tensor, axis: int) -> Tensor:
+        """Lorentz boost with rapidity ``t`` along ``axis``."""
+
+    @abstractmethod
+    def rotate(self, p: Tensor, t: Tensor, axis_a: int, axis_b: int) -> Tensor:
+        """Rotation of the plane ``(axis_a, axis_b)`` by angle ``t``."""
+
+    @abstractmethod
+    def concat_heads(self, p: Tensor) -> Tensor:
+        """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)`` (Sec. 4.2)."""
+
+    @abstractmethod
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
+                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
+        """Eq. 9 on ``(B, H, N, d+1)`` points with per-head ``scale (H,)``: ``(heads (B, H, N, d+1), probs or None)``."""
+
+    @abstractmethod
+    def hyperplane_margin(self, p: Tensor, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
+        """``c1 sinh(a) (u . z_hat) - c2 cosh(a)`` for every point ``(..., n+1)`` and class ``z_hat (C, n)``."""
+
+    @abstractmethod
+    def readout(self, output) -> Tensor:
+        """The readout point of a :class:`PolarViTModelOutput` in this arithmetic's packing."""
+
+
+class PolarOps(ManifoldOps):
     """Arithmetic on packed polar points ``[r, u]``."""
 
     name = "polar"
 
     def __init__(self, k: float = 1.0, fused: bool = False):
-        self.k = float(k)
-        self.sqrt_k = math.sqrt(self.k)
-        self.fused = bool(fused)  # layers call the fused functions of :mod:`fused` (polar arithmetic only)
+        super().__init__(k)
+        self.fused = bool(fused)
 
     # packing -------------------------------------------------------------------------------
     @staticmethod
@@ -127,26 +233,37 @@ class PolarOps:
         return self.make(*rotate(p[..., 0], p[..., 1:], t, axis_a, axis_b))
 
     def concat_heads(self, p: Tensor) -> Tensor:
-        """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)``."""
         return self.make(*direct_concat(p[..., 0], p[..., 1:], self.k))
 
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
+                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
+        out = polar_attention(q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], scale, self.k,
+                              impl=implementation, return_probs=return_probs)
+        return self.make(out[0], out[1]), (out[2] if return_probs else None)
 
-class AmbientOps(PolarOps):
+    def hyperplane_margin(self, p: Tensor, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
+        """``cosh(a) [c1 cos - c2] - c1 cos e^{-a}`` with ``cos = u . z_hat``: the large terms never cancel."""
+        a = p[..., :1] / self.sqrt_k
+        cos = p[..., 1:] @ z_hat.t()
+        return torch.cosh(a) * (c1 * cos - c2) - c1 * cos * torch.exp(-a)
+
+    def readout(self, output) -> Tensor:
+        return output.pooler_polar
+
+
+class AmbientOps(ManifoldOps):
     """Arithmetic on ambient coordinates ``[x_0, x_s]``: the textbook Lorentz formulas."""
 
     name = "ambient"
 
-    def __init__(self, k: float = 1.0):
-        super().__init__(k, fused=False)
-
-    def make(self, r: Tensor, u: Tensor) -> Tensor:  # type: ignore[override]
+    def make(self, r: Tensor, u: Tensor) -> Tensor:
         return to_ambient(r, u, self.k)
 
     def radius(self, p: Tensor) -> Tensor:
         """``sqrt(k) arcosh(x_0 / sqrt(k))``, read from the time coordinate as ambient models do."""
         return self.sqrt_k * torch.acosh((p[..., 0] / self.sqrt_k).clamp_min(1.0))
 
-    def polar(self, p: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def polar(self, p: Tensor) -> tuple[Tensor, Tensor]:
         return self.radius(p), safe_normalize(p[..., 1:])
 
     def to_ambient(self, p: Tensor) -> Tensor:
@@ -201,8 +318,21 @@ class AmbientOps(PolarOps):
     def concat_heads(self, p: Tensor) -> Tensor:
         return ambient_direct_concat(p, self.k)
 
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
+                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
+        """Eager ambient attention (``implementation`` applies to polar arithmetic only)."""
+        weights = torch.softmax(-scale.view(-1, 1, 1) * self.pairwise_sq_distance(q, k), dim=-1)
+        return self.centroid(v, weights), (weights if return_probs else None)
 
-def make_ops(arithmetic: str, k: float, fused: bool = False) -> PolarOps:
+    def hyperplane_margin(self, p: Tensor, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
+        x = p / self.sqrt_k
+        return c1 * (x[..., 1:] @ z_hat.t()) - c2 * x[..., :1]
+
+    def readout(self, output) -> Tensor:
+        return output.pooler_output
+
+
+def make_ops(arithmetic: str, k: float, fused: bool = False) -> ManifoldOps:
     """The arithmetic named by ``config.arithmetic``; ``fused`` (``config.fused_ops``) applies to polar only."""
     if arithmetic == "polar":
         return PolarOps(k, fused)

@@ -10,9 +10,14 @@ Outputs: ``last_hidden_state`` and ``pooler_output`` hold **ambient coordinates*
 ``last_hidden_polar`` / ``pooler_polar`` hold the exact polar view ``[r, u]`` (use these beyond
 ``r ~ 8`` in float32, where the ambient view loses precision).
 
-Manifold-valued parameters (bias points of the gyro layer norms, the class token) are stored as
-plain tensors of space coordinates and identified by name (``MANIFOLD_PARAMETER_SUFFIXES``): a
-``Parameter`` subclass would not survive ``from_pretrained`` in transformers 5.
+Every module declares the roles of its parameters (``parameter_roles``, read by
+:func:`parameter_roles` and ``optim.param_groups``): manifold points (bias points of the gyro layer
+norms, the class token; stored as plain tensors of space coordinates, because a ``Parameter``
+subclass would not survive ``from_pretrained`` in transformers 5), scales that are never
+weight-decayed, and Polar-FC radius parameters decayed towards their anchor (Appendix D.3).  Every
+module sets its initial values in one place, ``init_parameters`` (called at construction and by
+``_init_weights``).  Ablation variants are classes chosen from mappings (``RESIDUAL_CLASSES``,
+``RELATIVE_POSITION_CLASSES``, ``HEAD_CLASSES``, ``POOLER_CLASSES``).
 """
 
 from __future__ import annotations
@@ -30,17 +35,28 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
 from .geometry import asinh_exp, cosh_sinhc_sq, input_checks, perp, safe_normalize
-from .attention import polar_attention, select_implementation
+from .attention import select_implementation
 from .configuration_polar_vit import POSITION_AXES, PolarViTConfig
 from .fused import fused_boost_residual, fused_gyro_layer_norm, fused_polar_fc, fused_reserved_axes_encoding
-from .manifold_ops import PolarOps, make_ops
+from .manifold_ops import ManifoldOps, PolarOps, make_ops
 
-# Parameters that are points of the manifold, stored as space coordinates (see module docstring).
-MANIFOLD_PARAMETER_SUFFIXES = ("norm.bias_point", "cls_token")
-# Scale parameters: never weight-decayed (Appendix D.3).
-SCALE_PARAMETER_SUFFIXES = ("log_gain", "log_temperature", "alpha", "rates", "midpoint_weight")
-# Radius parameters of the Polar-FC: decayed towards their initial values (Appendix D.3).
-POLAR_FC_RADIUS_PARAMETERS = {"norm_power": 1.0, "radius_weight": 0.0, "klein_weight": 0.0, "radius_bias": 0.0}
+# Parameter roles (Appendix D.3), declared by each module in ``parameter_roles``:
+MANIFOLD = "manifold"  # a point of the manifold stored as space coordinates: Riemannian updates, manifold decay
+NO_DECAY = "no_decay"  # a scale (gain, temperature, residual step, rate): never weight-decayed
+# Anchored initial values of the Polar-FC radius rule (Eq. 8): the Lorentz FC of Chen et al. 2022.  They are
+# the initial values and the weight-decay targets of these parameters (role ``("decay_to", value)``).
+RADIUS_RULE_ANCHOR = {"norm_power": 1.0, "radius_weight": 0.0, "klein_weight": 0.0, "radius_bias": 0.0}
+
+
+def parameter_roles(model: nn.Module) -> dict[str, object]:
+    """``{parameter name: role}`` for every parameter whose module declares one (``MANIFOLD``, ``NO_DECAY`` or
+    ``("decay_to", value)``); parameters of modules without ``parameter_roles`` are plain weights."""
+    roles = {}
+    for prefix, module in model.named_modules():
+        for name, role in getattr(module, "parameter_roles", {}).items():
+            if getattr(module, name, None) is not None:
+                roles[f"{prefix}.{name}" if prefix else name] = role
+    return roles
 
 
 @dataclass
@@ -104,10 +120,22 @@ class PolarFC(nn.Module):
         self.activation = ACT2FN[activation] if activation else None
         self.radius_rule = radius_rule
         if radius_rule:
-            self.norm_power = nn.Parameter(torch.ones(heads))  # beta
-            self.radius_weight = nn.Parameter(torch.zeros(heads))  # lambda
-            self.klein_weight = nn.Parameter(torch.zeros(heads, in_features))  # varphi
-            self.radius_bias = nn.Parameter(torch.zeros(heads))  # varphi_0
+            self.norm_power = nn.Parameter(torch.empty(heads))  # beta
+            self.radius_weight = nn.Parameter(torch.empty(heads))  # lambda
+            self.klein_weight = nn.Parameter(torch.empty(heads, in_features))  # varphi
+            self.radius_bias = nn.Parameter(torch.empty(heads))  # varphi_0
+        self.init_parameters()
+
+    @property
+    def parameter_roles(self) -> dict[str, object]:
+        return {name: ("decay_to", value) for name, value in RADIUS_RULE_ANCHOR.items()} if self.radius_rule else {}
+
+    def init_parameters(self) -> None:
+        """Orthogonal (attention projections) or Xavier weights (D.2); the radius rule at its anchor."""
+        (init.orthogonal_ if self.init_scheme == "orthogonal" else init.xavier_uniform_)(self.weight)
+        if self.radius_rule:
+            for name, value in RADIUS_RULE_ANCHOR.items():
+                init.constant_(getattr(self, name), value)
 
     def rule_parameters(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """``(beta, lambda, varphi, varphi_0)`` of the radius rule, or ``None`` for the Lorentz FC."""
@@ -115,7 +143,7 @@ class PolarFC(nn.Module):
             return None
         return self.norm_power, self.radius_weight, self.klein_weight, self.radius_bias
 
-    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+    def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
         heads = self.num_heads or 1
         if ops.fused:
             out = fused_polar_fc(p, self.weight, self.rule_parameters(), self.sqrt_k, heads, self.activation)
@@ -138,28 +166,30 @@ class PolarFC(nn.Module):
 
 
 class RelativePositionEncoding(nn.Module):
-    r"""Relative positional encoding on the patch grid, per head, on two reserved axis pairs.
+    r"""Relative positional encoding on the patch grid, per head, on two reserved axis pairs (base class).
 
-    ``horoshift`` (Eq. 10, App. C): the token at grid position ``(m_y, m_x)`` is shifted by
-    ``t = m rho_h / M`` along each grid axis, rows on axes ``(0, 1)`` (ideal, shift), columns on
-    ``(2, 3)``; the squared distance of Eq. 9 then depends only on the offset along each axis.
-    ``boost`` (HoPE) boosts along axes 0 and 2 with rapidity ``t``; ``rotation`` (HOPE, HELM) rotates
-    the planes ``(0, 1)`` and ``(2, 3)`` by angle ``t``.  Learned rates ``rho`` ``(H, 2)``:
-    ``2H`` parameters per layer, excluded from weight decay.  Prefix (class) tokens are not moved.
+    The token at grid position ``(m_y, m_x)`` is moved by ``t = m rho_h / M`` along each grid axis,
+    rows on the axis pair ``(0, 1)``, columns on ``(2, 3)``; the variants say how
+    (:class:`HoroshiftEncoding`, :class:`BoostEncoding`, :class:`RotationEncoding`).  Learned rates
+    ``rho`` ``(H, 2)``: ``2H`` parameters per layer, excluded from weight decay.  Prefix (class)
+    tokens are not moved.
     """
 
-    def __init__(self, kind: str, num_heads: int, rate_init: tuple[float, float]):
+    kind: str
+    parameter_roles = {"rates": NO_DECAY}
+
+    def __init__(self, num_heads: int, rate_init: tuple[float, float]):
         super().__init__()
-        self.kind = kind
         self.rate_init = tuple(float(v) for v in rate_init)
         self.rates = nn.Parameter(torch.empty(num_heads, 2))
+        self.init_parameters()
 
-    def initial_rates(self) -> Tensor:
+    def init_parameters(self) -> None:
         """Rates log-spaced over ``horoshift_rate_init`` across heads, so heads differ in locality."""
         low, high = self.rate_init
         heads = self.rates.shape[0]
         values = torch.logspace(math.log10(low), math.log10(high), heads) if heads > 1 else torch.tensor([low])
-        return values.unsqueeze(-1).expand(heads, 2).clone()
+        init.copy_(self.rates, values.unsqueeze(-1).expand(heads, 2).clone())
 
     def offsets(self, grid: tuple[int, int], num_prefix: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Per-token, per-head ``(t_rows, t_cols)`` of shape ``(N, H)``."""
@@ -173,19 +203,49 @@ class RelativePositionEncoding(nn.Module):
             t_rows, t_cols = torch.cat([pad, t_rows]), torch.cat([pad, t_cols])
         return t_rows, t_cols
 
-    def forward(self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: PolarOps) -> Tensor:
+    def move(self, p: Tensor, t: Tensor, axes: tuple[int, int], ops: ManifoldOps) -> Tensor:
+        """Move the points ``p`` by ``t`` on the axis pair ``axes``."""
+        raise NotImplementedError
+
+    def forward(self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps) -> Tensor:
         """``p (B, N, H, d+1)`` -> same shape."""
         t_rows, t_cols = self.offsets(grid, num_prefix, p.dtype)
         if ops.fused:
             return fused_reserved_axes_encoding(p, t_rows, t_cols, self.kind, ops.sqrt_k)
-        for t, (first, second) in zip((t_rows, t_cols), POSITION_AXES):
-            if self.kind == "horoshift":
-                p = ops.horoshift(p, t, first, second)
-            elif self.kind == "boost":
-                p = ops.boost(p, t, first)
-            else:
-                p = ops.rotate(p, t, first, second)
+        for t, axes in zip((t_rows, t_cols), POSITION_AXES):
+            p = self.move(p, t, axes, ops)
         return p
+
+
+class HoroshiftEncoding(RelativePositionEncoding):
+    """Horoshift (Eq. 10, App. C): axis ``first`` is the ideal axis, ``second`` the shift axis; the squared
+    distance of Eq. 9 then depends only on the offset along each grid axis."""
+
+    kind = "horoshift"
+
+    def move(self, p: Tensor, t: Tensor, axes: tuple[int, int], ops: ManifoldOps) -> Tensor:
+        return ops.horoshift(p, t, *axes)
+
+
+class BoostEncoding(RelativePositionEncoding):
+    """HoPE: a Lorentz boost along the first axis of each pair with rapidity ``t``."""
+
+    kind = "boost"
+
+    def move(self, p: Tensor, t: Tensor, axes: tuple[int, int], ops: ManifoldOps) -> Tensor:
+        return ops.boost(p, t, axes[0])
+
+
+class RotationEncoding(RelativePositionEncoding):
+    """HOPE, HELM: a rotation of the plane of each axis pair by angle ``t``."""
+
+    kind = "rotation"
+
+    def move(self, p: Tensor, t: Tensor, axes: tuple[int, int], ops: ManifoldOps) -> Tensor:
+        return ops.rotate(p, t, *axes)
+
+
+RELATIVE_POSITION_CLASSES = {"horoshift": HoroshiftEncoding, "boost": BoostEncoding, "rotation": RotationEncoding}
 
 
 class PolarSelfAttention(nn.Module):
@@ -209,40 +269,35 @@ class PolarSelfAttention(nn.Module):
 
         self.q_proj, self.k_proj, self.v_proj = (projection(d, heads) for _ in range(3))
         self.o_proj = projection(n, None)
-        self.log_temperature = nn.Parameter(torch.full((heads,), math.log(config.attention_temperature_init)))
+        self.temperature_init = float(config.attention_temperature_init)
+        self.log_temperature = nn.Parameter(torch.empty(heads))
         self.position = (
             None if config.relative_position == "none"
-            else RelativePositionEncoding(config.relative_position, heads, config.horoshift_rate_init)
+            else RELATIVE_POSITION_CLASSES[config.relative_position](heads, config.horoshift_rate_init)
         )
+        self.init_parameters()
+
+    parameter_roles = {"log_temperature": NO_DECAY}
+
+    def init_parameters(self) -> None:
+        """Every head starts at the temperature ``attention_temperature_init``."""
+        init.constant_(self.log_temperature, math.log(self.temperature_init))
 
     def scale(self) -> Tensor:
         """``gamma / tau_h`` per head."""
         return self.head_dim**-0.5 * torch.exp(-self.log_temperature)
 
     def forward(
-        self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: PolarOps, output_attentions: bool = False
+        self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps, output_attentions: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         q, k, v = self.q_proj(p, ops), self.k_proj(p, ops), self.v_proj(p, ops)  # (B, N, H, d+1)
         if self.position is not None:
             q = self.position(q, grid, num_prefix, ops)
             k = self.position(k, grid, num_prefix, ops)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, d+1)
-        scale = self.scale().to(p.dtype)
-        probs = None
-        if ops.name == "polar":
-            requested = self.config.polar_attn_implementation
-            impl = select_implementation(requested, output_attentions, p.device, p.shape[1], self.config.fused_ops)
-            out = polar_attention(
-                q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], scale, self.k,
-                impl=impl, return_probs=output_attentions,
-            )
-            heads = ops.make(out[0], out[1])
-            probs = out[2] if output_attentions else None
-        else:
-            scores = -scale.view(-1, 1, 1) * ops.pairwise_sq_distance(q, k)
-            weights = torch.softmax(scores, dim=-1)
-            heads = ops.centroid(v, weights)
-            probs = weights if output_attentions else None
+        implementation = select_implementation(self.config.polar_attn_implementation, output_attentions, p.device,
+                                               p.shape[1], self.config.fused_ops)
+        heads, probs = ops.attention(q, k, v, self.scale().to(p.dtype), implementation, output_attentions)
         merged = ops.concat_heads(heads.transpose(1, 2))  # (B, N, n+1)
         return self.o_proj(merged, ops), probs
 
@@ -259,13 +314,18 @@ class GyroLayerNorm(nn.Module):
     def __init__(self, hidden_size: int, k: float, eps: float):
         super().__init__()
         self.hidden_size, self.k, self.eps = hidden_size, float(k), float(eps)
-        self.log_gain = nn.Parameter(torch.zeros(()))
-        self.bias_point = nn.Parameter(torch.zeros(hidden_size))
+        self.log_gain = nn.Parameter(torch.empty(()))
+        self.bias_point = nn.Parameter(torch.empty(hidden_size))
+        self.init_parameters()
 
-    def initial_log_gain(self) -> float:
-        return math.log(math.sqrt(self.k) * math.asinh(math.sqrt(self.hidden_size / self.k)))
+    parameter_roles = {"log_gain": NO_DECAY, "bias_point": MANIFOLD}
 
-    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+    def init_parameters(self) -> None:
+        """``gamma = sqrt(k) arsinh sqrt(n/k)``, the bias point at the origin."""
+        init.constant_(self.log_gain, math.log(math.sqrt(self.k) * math.asinh(math.sqrt(self.hidden_size / self.k))))
+        init.zeros_(self.bias_point)
+
+    def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
         if ops.fused:
             return fused_gyro_layer_norm(p, self.log_gain, self.bias_point.to(p.dtype), self.k, self.eps)
         batch, tokens = p.shape[0], p.shape[-2]
@@ -278,22 +338,14 @@ class GyroLayerNorm(nn.Module):
 
 
 class PolarResidual(nn.Module):
-    r"""Residual connection ``x -> x "+" f(x)`` with stochastic depth.
-
-    ``boost`` (Eq. 12): ``a' = a + alpha (b_par - mean(b_par))`` (radial step centred over the
-    sample's tokens) and ``u' = normalize(tanh(a) u + sinh(alpha b_perp) v_perp_hat)``, learned
-    ``alpha`` (init 0.1).  ``space``: add the space coordinates and recompute the time coordinate
-    (Chen et al. 2022).  ``lorentz_midpoint``: weighted Lorentzian midpoint of ``{x, f(x)}`` with
-    weights ``(1, softplus(w))``, ``w`` init so the weight is 1 (LResNet).
-    """
+    r"""Residual connection ``x -> x "+" f(x)`` with stochastic depth (base class of the variants below)."""
 
     def __init__(self, config: PolarViTConfig, drop_path: float):
         super().__init__()
-        self.kind, self.drop_path, self.sqrt_k = config.residual, float(drop_path), math.sqrt(config.k)
-        if self.kind == "boost":
-            self.alpha = nn.Parameter(torch.tensor(float(config.residual_alpha_init)))
-        elif self.kind == "lorentz_midpoint":
-            self.midpoint_weight = nn.Parameter(torch.tensor(math.log(math.e - 1.0)))  # softplus -> 1
+        self.drop_path, self.sqrt_k = float(drop_path), math.sqrt(config.k)
+
+    def init_parameters(self) -> None:
+        """No parameters in the base class."""
 
     def _strength(self, p: Tensor) -> Tensor | None:
         """Per-sample stochastic-depth factor ``(B, 1)``: 0 (dropped) or ``1 / keep`` (kept)."""
@@ -303,20 +355,29 @@ class PolarResidual(nn.Module):
         mask = torch.empty(p.shape[0], 1, dtype=p.dtype, device=p.device).bernoulli_(keep)
         return mask / keep
 
-    def forward(self, x: Tensor, f: Tensor, ops: PolarOps) -> Tensor:
-        strength = self._strength(x)
-        if self.kind == "space":
-            step = ops.space(f) if strength is None else ops.space(f) * strength.unsqueeze(-1)
-            return ops.from_space(ops.space(x) + step)
-        if self.kind == "lorentz_midpoint":
-            w = F.softplus(self.midpoint_weight).expand(x.shape[:-1])
-            if strength is not None:
-                w = w * strength
-            weights = torch.stack([torch.ones_like(w), w], dim=-1).unsqueeze(-2)  # (B, N, 1, 2)
-            return ops.centroid(torch.stack([x, f], dim=-2), weights).squeeze(-2)
-        return self._boost(x, f, ops, strength)
+    def combine(self, x: Tensor, f: Tensor, ops: ManifoldOps, strength: Tensor | None) -> Tensor:
+        raise NotImplementedError
 
-    def _boost(self, x: Tensor, f: Tensor, ops: PolarOps, strength: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, f: Tensor, ops: ManifoldOps) -> Tensor:
+        return self.combine(x, f, ops, self._strength(x))
+
+
+class BoostResidual(PolarResidual):
+    r"""Eq. 12: ``a' = a + alpha (b_par - mean(b_par))`` (radial step centred over the sample's tokens) and
+    ``u' = normalize(tanh(a) u + sinh(alpha b_perp) v_perp_hat)``, learned ``alpha`` (``residual_alpha_init``)."""
+
+    parameter_roles = {"alpha": NO_DECAY}
+
+    def __init__(self, config: PolarViTConfig, drop_path: float):
+        super().__init__(config, drop_path)
+        self.alpha_init = float(config.residual_alpha_init)
+        self.alpha = nn.Parameter(torch.empty(()))
+        self.init_parameters()
+
+    def init_parameters(self) -> None:
+        init.constant_(self.alpha, self.alpha_init)
+
+    def combine(self, x: Tensor, f: Tensor, ops: ManifoldOps, strength: Tensor | None) -> Tensor:
         if ops.fused:
             return fused_boost_residual(x, f, self.alpha, strength, self.sqrt_k)
         r, u = ops.polar(x)
@@ -334,6 +395,39 @@ class PolarResidual(nn.Module):
         return ops.make(self.sqrt_k * a_new.abs(), flip * direction)
 
 
+class SpaceResidual(PolarResidual):
+    """Chen et al. 2022: add the space coordinates, recompute the time coordinate."""
+
+    def combine(self, x: Tensor, f: Tensor, ops: ManifoldOps, strength: Tensor | None) -> Tensor:
+        step = ops.space(f) if strength is None else ops.space(f) * strength.unsqueeze(-1)
+        return ops.from_space(ops.space(x) + step)
+
+
+class LorentzMidpointResidual(PolarResidual):
+    """LResNet: the weighted Lorentzian midpoint of ``{x, f(x)}`` with weights ``(1, softplus(w))``, ``w`` starting
+    where the weight is 1."""
+
+    parameter_roles = {"midpoint_weight": NO_DECAY}
+
+    def __init__(self, config: PolarViTConfig, drop_path: float):
+        super().__init__(config, drop_path)
+        self.midpoint_weight = nn.Parameter(torch.empty(()))
+        self.init_parameters()
+
+    def init_parameters(self) -> None:
+        init.constant_(self.midpoint_weight, math.log(math.e - 1.0))  # softplus -> 1
+
+    def combine(self, x: Tensor, f: Tensor, ops: ManifoldOps, strength: Tensor | None) -> Tensor:
+        w = F.softplus(self.midpoint_weight).expand(x.shape[:-1])
+        if strength is not None:
+            w = w * strength
+        weights = torch.stack([torch.ones_like(w), w], dim=-1).unsqueeze(-2)  # (B, N, 1, 2)
+        return ops.centroid(torch.stack([x, f], dim=-2), weights).squeeze(-2)
+
+
+RESIDUAL_CLASSES = {"boost": BoostResidual, "space": SpaceResidual, "lorentz_midpoint": LorentzMidpointResidual}
+
+
 class PolarMLP(nn.Module):
     """Two Polar-FCs ``L^n -> L^m -> L^n`` with the activation in the first (Eq. 8, Xavier init)."""
 
@@ -344,7 +438,7 @@ class PolarMLP(nn.Module):
                            activation=config.hidden_act, radius_rule=rule)
         self.fc2 = PolarFC(config.intermediate_size, config.hidden_size, config.k, radius_rule=rule)
 
-    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+    def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
         return self.fc2(self.fc1(p, ops), ops)
 
 
@@ -355,13 +449,13 @@ class PolarViTLayer(GradientCheckpointingLayer):
         super().__init__()
         self.attention_norm = GyroLayerNorm(config.hidden_size, config.k, config.layer_norm_eps)
         self.attention = PolarSelfAttention(config)
-        self.attention_residual = PolarResidual(config, drop_path)
+        self.attention_residual = RESIDUAL_CLASSES[config.residual](config, drop_path)
         self.mlp_norm = GyroLayerNorm(config.hidden_size, config.k, config.layer_norm_eps)
         self.mlp = PolarMLP(config)
-        self.mlp_residual = PolarResidual(config, drop_path)
+        self.mlp_residual = RESIDUAL_CLASSES[config.residual](config, drop_path)
 
     def forward(
-        self, hidden: Tensor, grid: tuple[int, int], num_prefix: int, ops: PolarOps, output_attentions: bool = False
+        self, hidden: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps, output_attentions: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         attended, probs = self.attention(self.attention_norm(hidden, ops), grid, num_prefix, ops, output_attentions)
         hidden = self.attention_residual(hidden, attended, ops)
@@ -403,8 +497,17 @@ class PolarViTEmbeddings(nn.Module):
         self.patch_projection = PolarFC(patch_dim, config.hidden_size, config.k, radius_rule=config.linear == "polar")
         self.position_embeddings = None
         if config.position_embedding == "learned":
-            self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches, config.hidden_size))
-        self.cls_token = nn.Parameter(torch.zeros(config.hidden_size)) if config.readout == "cls" else None
+            self.position_embeddings = nn.Parameter(torch.empty(1, config.num_patches, config.hidden_size))
+        self.cls_token = nn.Parameter(torch.empty(config.hidden_size)) if config.readout == "cls" else None
+        self.init_parameters()
+
+    parameter_roles = {"cls_token": MANIFOLD}
+
+    def init_parameters(self) -> None:
+        """Truncated-normal position table and class token (``initializer_range``)."""
+        for table in (self.position_embeddings, self.cls_token):
+            if table is not None:
+                init.trunc_normal_(table, std=self.config.initializer_range)
 
     def positions(self, grid: tuple[int, int], dtype: torch.dtype) -> Tensor | None:
         """Position table for ``grid``; learned tables are bicubically interpolated when asked to."""
@@ -422,7 +525,7 @@ class PolarViTEmbeddings(nn.Module):
             table = image.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], n)
         return table.to(dtype)
 
-    def forward(self, pixel_values: Tensor, ops: PolarOps, interpolate_pos_encoding: bool = False
+    def forward(self, pixel_values: Tensor, ops: ManifoldOps, interpolate_pos_encoding: bool = False
                 ) -> tuple[Tensor, tuple[int, int], int]:
         batch, channels, height, width = pixel_values.shape
         size = self.patch_size
@@ -448,53 +551,115 @@ class PolarViTEmbeddings(nn.Module):
 
 
 class HyperplaneHead(nn.Module):
-    r"""Hyperbolic multinomial logistic regression (one hyperplane per class).
+    r"""Hyperbolic multinomial logistic regression, one hyperplane per class (base of the two MLR heads).
 
-    ``lorentz_mlr`` (Bdeir et al. 2024): ``v_c = sqrt(k) ||z_c|| arsinh(alpha_c / (sqrt(k) ||z_c||))`` with
-    ``alpha_c = cosh(A) <z_c, x_s> - sinh(A) x_0``, ``A = a_c / sqrt(k)``.
-    ``poincare_mlr`` (HNN++ unidirectional MLR on the Poincare image ``x_s / (1 + x_0 / sqrt(k))``):
-    ``v_c = 2 sqrt(k) ||z_c|| arsinh(lambda_x <x, z_hat> cosh(2 r_c/sqrt(k)) - (lambda_x - 1) sinh(2 r_c/sqrt(k)))``,
-    which in polar form is ``sinh(a) (u . z_hat) cosh(A) - cosh(a) sinh(A)``.
-    Both margins have the form ``c1 sinh(a) (u . z_hat) - c2 cosh(a)``, evaluated in polar form as
-    ``cosh(a) [c1 (u . z_hat) - c2] - c1 (u . z_hat) e^{-a}``, so the large terms never cancel.
+    Both margins have the form ``c1 sinh(a) (u . z_hat) - c2 cosh(a)`` (:meth:`ManifoldOps.hyperplane_margin`:
+    in polar form ``cosh(a) [c1 (u . z_hat) - c2] - c1 (u . z_hat) e^{-a}``, so the large terms never cancel).
     """
 
-    def __init__(self, hidden_size: int, num_labels: int, k: float, kind: str):
+    def __init__(self, hidden_size: int, num_labels: int, k: float, std: float):
         super().__init__()
-        self.kind, self.sqrt_k = kind, math.sqrt(k)
-        self.weight = nn.Parameter(torch.zeros(num_labels, hidden_size))  # z_c
-        self.bias = nn.Parameter(torch.zeros(num_labels))  # a_c or r_c
+        self.sqrt_k, self.std = math.sqrt(k), float(std)
+        self.weight = nn.Parameter(torch.empty(num_labels, hidden_size))  # z_c
+        self.bias = nn.Parameter(torch.empty(num_labels))  # a_c or r_c
+        self.init_parameters()
 
-    def margin(self, p: Tensor, ops: PolarOps, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
-        if ops.name == "polar":
-            a = p[..., :1] / self.sqrt_k
-            cos = p[..., 1:] @ z_hat.t()
-            return torch.cosh(a) * (c1 * cos - c2) - c1 * cos * torch.exp(-a)
-        x = p / self.sqrt_k
-        return c1 * (x[..., 1:] @ z_hat.t()) - c2 * x[..., :1]
+    def init_parameters(self) -> None:
+        init.normal_(self.weight, std=self.std)
+        init.zeros_(self.bias)
 
-    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+    def unit_normal(self) -> tuple[Tensor, Tensor]:
+        """``(||z_c||, z_c / ||z_c||)``."""
         z_norm = torch.linalg.vector_norm(self.weight, dim=-1).clamp_min(1e-12)
-        z_hat = self.weight / z_norm.unsqueeze(-1)
-        if self.kind == "lorentz_mlr":
-            big_a = self.bias / self.sqrt_k
-            margin = self.margin(p, ops, z_hat, z_norm * torch.cosh(big_a), torch.sinh(big_a))
-            return self.sqrt_k * z_norm * torch.asinh(margin / z_norm)
+        return z_norm, self.weight / z_norm.unsqueeze(-1)
+
+
+class LorentzMLRHead(HyperplaneHead):
+    r"""Bdeir et al. 2024: ``v_c = sqrt(k) ||z_c|| arsinh(alpha_c / (sqrt(k) ||z_c||))`` with
+    ``alpha_c = cosh(A) <z_c, x_s> - sinh(A) x_0``, ``A = a_c / sqrt(k)``."""
+
+    def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
+        z_norm, z_hat = self.unit_normal()
+        big_a = self.bias / self.sqrt_k
+        margin = ops.hyperplane_margin(p, z_hat, z_norm * torch.cosh(big_a), torch.sinh(big_a))
+        return self.sqrt_k * z_norm * torch.asinh(margin / z_norm)
+
+
+class PoincareMLRHead(HyperplaneHead):
+    r"""HNN++ unidirectional MLR on the Poincare image ``x_s / (1 + x_0 / sqrt(k))``:
+    ``v_c = 2 sqrt(k) ||z_c|| arsinh(lambda_x <x, z_hat> cosh(2 r_c/sqrt(k)) - (lambda_x - 1) sinh(2 r_c/sqrt(k)))``,
+    in polar form ``sinh(a) (u . z_hat) cosh(A) - cosh(a) sinh(A)``."""
+
+    def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
+        z_norm, z_hat = self.unit_normal()
         big_a = 2.0 * self.bias / self.sqrt_k
-        margin = self.margin(p, ops, z_hat, torch.cosh(big_a), torch.sinh(big_a))
+        margin = ops.hyperplane_margin(p, z_hat, torch.cosh(big_a), torch.sinh(big_a))
         return 2.0 * self.sqrt_k * z_norm * torch.asinh(margin)
 
 
 class TangentLinearHead(nn.Module):
     """Hybrid head: a Euclidean linear layer on ``log_o(x) = r u``."""
 
-    def __init__(self, hidden_size: int, num_labels: int):
+    def __init__(self, hidden_size: int, num_labels: int, k: float, std: float):
         super().__init__()
+        self.std = float(std)
         self.linear = nn.Linear(hidden_size, num_labels)
+        self.init_parameters()
 
-    def forward(self, p: Tensor, ops: PolarOps) -> Tensor:
+    def init_parameters(self) -> None:
+        init.trunc_normal_(self.linear.weight, std=self.std)
+        init.zeros_(self.linear.bias)
+
+    def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
         r, u = ops.polar(p)
         return self.linear(r.unsqueeze(-1) * u)
+
+
+HEAD_CLASSES = {"lorentz_mlr": LorentzMLRHead, "poincare_mlr": PoincareMLRHead, "tangent_linear": TangentLinearHead}
+
+
+class PolarViTEncoder(nn.ModuleList):
+    """The ``L`` polar blocks (a ``ModuleList``, so checkpoints keep the keys ``layers.{i}``), drop-path rates
+    rising linearly to ``drop_path_rate``."""
+
+    def __init__(self, config: PolarViTConfig):
+        depth = config.num_hidden_layers
+        rates = [config.drop_path_rate * i / max(1, depth - 1) for i in range(depth)]
+        super().__init__([PolarViTLayer(config, rate) for rate in rates])
+
+    def forward(
+        self, hidden: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps,
+        output_attentions: bool = False, output_hidden_states: bool = False,
+    ) -> tuple[Tensor, tuple[Tensor, ...] | None, tuple[Tensor, ...] | None]:
+        """``(hidden, all hidden states in ambient coordinates or None, attentions or None)``."""
+        all_hidden = [ops.to_ambient(hidden)] if output_hidden_states else None
+        all_attentions = [] if output_attentions else None
+        for layer in self:
+            hidden, probs = layer(hidden, grid, num_prefix, ops, output_attentions)
+            if all_hidden is not None:
+                all_hidden.append(ops.to_ambient(hidden))
+            if all_attentions is not None:
+                all_attentions.append(probs)
+        return (hidden, tuple(all_hidden) if all_hidden is not None else None,
+                tuple(all_attentions) if all_attentions is not None else None)
+
+
+class PolarViTCentroidPooler(nn.Module):
+    """Readout: the polar centroid (Eq. 22) of the output tokens with uniform weights."""
+
+    def forward(self, hidden: Tensor, ops: ManifoldOps) -> Tensor:
+        uniform = hidden.new_full((hidden.shape[0], 1, hidden.shape[1]), 1.0 / hidden.shape[1])
+        return ops.centroid(hidden, uniform).squeeze(1)
+
+
+class PolarViTClassTokenPooler(nn.Module):
+    """Readout: the class token (the first token)."""
+
+    def forward(self, hidden: Tensor, ops: ManifoldOps) -> Tensor:
+        return hidden[:, 0]
+
+
+POOLER_CLASSES = {"centroid": PolarViTCentroidPooler, "cls": PolarViTClassTokenPooler}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -512,39 +677,9 @@ class PolarViTPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["PolarViTEmbeddings", "PolarViTLayer"]
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, PolarFC):
-            if module.init_scheme == "orthogonal":
-                init.orthogonal_(module.weight)
-            else:
-                init.xavier_uniform_(module.weight)
-            if module.radius_rule:
-                for name, value in POLAR_FC_RADIUS_PARAMETERS.items():
-                    init.constant_(getattr(module, name), value)
-        elif isinstance(module, GyroLayerNorm):
-            init.constant_(module.log_gain, module.initial_log_gain())
-            init.zeros_(module.bias_point)
-        elif isinstance(module, PolarResidual):
-            if module.kind == "boost":
-                init.constant_(module.alpha, self.config.residual_alpha_init)
-            elif module.kind == "lorentz_midpoint":
-                init.constant_(module.midpoint_weight, math.log(math.e - 1.0))
-        elif isinstance(module, PolarSelfAttention):
-            init.constant_(module.log_temperature, math.log(self.config.attention_temperature_init))
-        elif isinstance(module, RelativePositionEncoding):
-            init.copy_(module.rates, module.initial_rates())
-        elif isinstance(module, PolarViTEmbeddings):
-            if module.position_embeddings is not None:
-                init.trunc_normal_(module.position_embeddings, std=std)
-            if module.cls_token is not None:
-                init.trunc_normal_(module.cls_token, std=std)
-        elif isinstance(module, HyperplaneHead):
-            init.normal_(module.weight, std=std)
-            init.zeros_(module.bias)
-        elif isinstance(module, nn.Linear):
-            init.trunc_normal_(module.weight, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
+        """Every Polar-ViT module sets its own initial values (``init_parameters``, Appendix D.2)."""
+        if hasattr(module, "init_parameters"):
+            module.init_parameters()
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """``PreTrainedModel.save_pretrained`` plus the complete ``auto_map`` for remote code.
@@ -560,7 +695,7 @@ class PolarViTPreTrainedModel(PreTrainedModel):
 
     def manifold_parameter_names(self) -> list[str]:
         """Names of the parameters that are points of the manifold (stored as space coordinates)."""
-        return [name for name, _ in self.named_parameters() if name.endswith(MANIFOLD_PARAMETER_SUFFIXES)]
+        return [name for name, role in parameter_roles(self).items() if role == MANIFOLD]
 
 
 AUTO_MAP = {
@@ -625,10 +760,9 @@ class PolarViTModel(PolarViTPreTrainedModel):
     def __init__(self, config: PolarViTConfig):
         super().__init__(config)
         self.embeddings = PolarViTEmbeddings(config)
-        depth = config.num_hidden_layers
-        rates = [config.drop_path_rate * i / max(1, depth - 1) for i in range(depth)]
-        self.layers = nn.ModuleList([PolarViTLayer(config, rate) for rate in rates])
+        self.layers = PolarViTEncoder(config)
         self.norm = GyroLayerNorm(config.hidden_size, config.k, config.layer_norm_eps)
+        self.pooler = POOLER_CLASSES[config.readout]()
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -638,7 +772,12 @@ class PolarViTModel(PolarViTPreTrainedModel):
         self.config.validate_polar_vit()
 
     @property
-    def ops(self) -> PolarOps:
+    def encoder(self) -> PolarViTEncoder:
+        """The polar blocks (stored as ``layers``)."""
+        return self.layers
+
+    @property
+    def ops(self) -> ManifoldOps:
         """The arithmetic of ``config.arithmetic`` / ``config.fused_ops``, read at call time (both switch in place)."""
         return make_ops(self.config.arithmetic, self.config.k, self.config.fused_ops)
 
@@ -667,27 +806,18 @@ class PolarViTModel(PolarViTPreTrainedModel):
             hidden, grid, num_prefix = self.embeddings(
                 pixel_values.to(compute_dtype), ops, bool(interpolate_pos_encoding)
             )
-            all_hidden = [ops.to_ambient(hidden)] if output_hidden_states else None
-            all_attentions = [] if output_attentions else None
-            for layer in self.layers:
-                hidden, probs = layer(hidden, grid, num_prefix, ops, output_attentions)
-                if all_hidden is not None:
-                    all_hidden.append(ops.to_ambient(hidden))
-                if all_attentions is not None:
-                    all_attentions.append(probs)
+            hidden, all_hidden, all_attentions = self.encoder(
+                hidden, grid, num_prefix, ops, bool(output_attentions), bool(output_hidden_states)
+            )
             hidden = self.norm(hidden, ops)
-            if config.readout == "cls":
-                pooled = hidden[:, 0]
-            else:
-                uniform = hidden.new_full((hidden.shape[0], 1, hidden.shape[1]), 1.0 / hidden.shape[1])
-                pooled = ops.centroid(hidden, uniform).squeeze(1)
+            pooled = self.pooler(hidden, ops)
         polar_view = PolarOps.make(*ops.polar(hidden))
         pooled_polar = PolarOps.make(*ops.polar(pooled))
         output = PolarViTModelOutput(
             last_hidden_state=ops.to_ambient(hidden),
             pooler_output=ops.to_ambient(pooled),
-            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
-            attentions=tuple(all_attentions) if all_attentions is not None else None,
+            hidden_states=all_hidden,
+            attentions=all_attentions,
             last_hidden_polar=polar_view,
             pooler_polar=pooled_polar,
         )
@@ -701,10 +831,8 @@ class PolarViTForImageClassification(PolarViTPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.polar_vit = PolarViTModel(config)
-        if config.head == "tangent_linear":
-            self.classifier = TangentLinearHead(config.hidden_size, config.num_labels)
-        else:
-            self.classifier = HyperplaneHead(config.hidden_size, config.num_labels, config.k, config.head)
+        self.classifier = HEAD_CLASSES[config.head](config.hidden_size, config.num_labels, config.k,
+                                                    config.initializer_range)
         self.post_init()
 
     def set_arithmetic(self, arithmetic: str) -> None:
@@ -730,7 +858,7 @@ class PolarViTForImageClassification(PolarViTPreTrainedModel):
             return_dict=True,
         )
         ops = self.polar_vit.ops
-        pooled = outputs.pooler_polar if ops.name == "polar" else outputs.pooler_output
+        pooled = ops.readout(outputs)
         with torch.autocast(device_type=pooled.device.type, enabled=False):
             logits = self.classifier(pooled, ops)
         loss = None
@@ -744,11 +872,17 @@ class PolarViTForImageClassification(PolarViTPreTrainedModel):
 
 __all__ = [
     "AUTO_MAP",
-    "MANIFOLD_PARAMETER_SUFFIXES",
-    "POLAR_FC_RADIUS_PARAMETERS",
-    "SCALE_PARAMETER_SUFFIXES",
+    "HEAD_CLASSES",
+    "MANIFOLD",
+    "NO_DECAY",
+    "POOLER_CLASSES",
+    "RADIUS_RULE_ANCHOR",
+    "RELATIVE_POSITION_CLASSES",
+    "RESIDUAL_CLASSES",
+    "PolarViTEncoder",
     "PolarViTForImageClassification",
     "PolarViTModel",
     "PolarViTModelOutput",
     "PolarViTPreTrainedModel",
+    "parameter_roles",
 ]

@@ -27,6 +27,8 @@ import math
 import torch
 from torch import Tensor
 
+from .fused import row_gradients
+
 try:
     import triton
     import triton.language as tl
@@ -352,7 +354,6 @@ class _TritonPolarAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_r, grad_u):  # noqa: D102
-        from .attention import row_gradients
 
         rq, uq, rk, uk, rv, uv, kbar, vbar, scale, stats, r_out, u_out = ctx.saved_tensors
         batch, heads, n_q, n_k, dim, k, bm, bn, dtype, scale_dtype = ctx.meta

@@ -1,4 +1,4 @@
-"""Model cards for exported Polar-ViT folders, rendered from ``model_cards/template.md``.
+"""Model cards for exported Polar-ViT folders, rendered from ``model_card_template.md`` (package data).
 
 The YAML metadata is a ``huggingface_hub.ModelCardData`` (``library_name: transformers``,
 ``pipeline_tag: image-classification``, license, tags, datasets and a ``model-index`` built from
@@ -8,11 +8,11 @@ The YAML metadata is a ``huggingface_hub.ModelCardData`` (``library_name: transf
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import as_file, files
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "template.md"
+TEMPLATE = files("polar_vit_hf") / "model_card_template.md"  # shipped inside the wheel
 
 # The paper's reference numbers per preset (Tables 1-3), quoted in every card.
 PAPER_REFERENCE = {
@@ -70,16 +70,17 @@ def render_model_card(model, repo_id: str, results: list[Result], training_summa
         model_name=repo_id.split("/")[-1],
         eval_results=eval_results or None,
     )
-    return ModelCard.from_template(
-        card_data,
-        template_path=str(TEMPLATE),
-        model_name=repo_id.split("/")[-1],
-        repo_id=repo_id,
-        preset=preset,
-        config=config,
-        num_parameters=num_parameters,
-        num_parameters_without_head=without_head,
-        results=results,
-        training_summary=training_summary,
-        paper_reference=PAPER_REFERENCE.get(preset, "see Tables 1-3 of the paper for the nearest size."),
-    )
+    with as_file(TEMPLATE) as template_path:
+        return ModelCard.from_template(
+            card_data,
+            template_path=str(template_path),
+            model_name=repo_id.split("/")[-1],
+            repo_id=repo_id,
+            preset=preset,
+            config=config,
+            num_parameters=num_parameters,
+            num_parameters_without_head=without_head,
+            results=results,
+            training_summary=training_summary,
+            paper_reference=PAPER_REFERENCE.get(preset, "see Tables 1-3 of the paper for the nearest size."),
+        )

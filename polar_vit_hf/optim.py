@@ -1,7 +1,7 @@
 """Riemannian AdamW in polar form (Bdeir et al. 2025, paper Appendix B, D.3).
 
-Manifold-valued parameters are stored as space coordinates ``x_s`` (see
-``PolarViTPreTrainedModel.manifold_parameter_names``); their polar view is
+Manifold-valued parameters are stored as space coordinates ``x_s`` (the modules declare them in
+``parameter_roles``; see ``modeling_polar_vit.parameter_roles``); their polar view is
 ``(r, u) = geometry.from_space(x_s)``.  For those, one step is
 
 1. manifold weight decay: ``x <- centroid({x, o}, weights (1 - lr wd, lr wd))`` in polar form (B.7);
@@ -25,17 +25,13 @@ import torch
 from torch import Tensor, nn
 
 from .modeling.geometry import centroid, expmap, from_space, project_grad, space, tangent_inner, transport
-from .modeling.modeling_polar_vit import (
-    MANIFOLD_PARAMETER_SUFFIXES,
-    POLAR_FC_RADIUS_PARAMETERS,
-    SCALE_PARAMETER_SUFFIXES,
-)
+from .modeling.modeling_polar_vit import MANIFOLD, NO_DECAY, parameter_roles
 
 __all__ = ["RiemannianAdamW", "param_groups"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Parameter groups with the paper's decay rules (Appendix D.3).
+    """Parameter groups with the paper's decay rules (Appendix D.3), from the roles the modules declare.
 
     * manifold points (gyro-norm bias points, class token): ``manifold=True``, manifold weight decay;
     * Polar-FC radius parameters (``norm_power``, ``radius_weight``, ``klein_weight``,
@@ -51,16 +47,17 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         "radius": dict(params=[], names=[], weight_decay=weight_decay, decay_to=[]),
         "manifold": dict(params=[], names=[], weight_decay=weight_decay, manifold=True, k=k),
     }
+    roles = parameter_roles(model)
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        leaf = name.rsplit(".", 1)[-1]
-        if name.endswith(MANIFOLD_PARAMETER_SUFFIXES):
+        role = roles.get(name)
+        if role == MANIFOLD:
             key = "manifold"
-        elif leaf in POLAR_FC_RADIUS_PARAMETERS:
+        elif isinstance(role, tuple) and role[0] == "decay_to":
             key = "radius"
-            groups[key]["decay_to"].append(POLAR_FC_RADIUS_PARAMETERS[leaf])
-        elif name.endswith(SCALE_PARAMETER_SUFFIXES) or param.dim() <= 1:
+            groups[key]["decay_to"].append(float(role[1]))
+        elif role == NO_DECAY or param.dim() <= 1:
             key = "no_decay"
         else:
             key = "decay"

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import polar_vit_hf as P
-from polar_vit_hf.calibration import calibratable_layers, calibrate_radii, log_sinh
-from polar_vit_hf.data import digits_images
+from polar_vit_hf.training.calibration import calibratable_layers, calibrate_radii, log_sinh
+from polar_vit_hf.training.data import digits_images
 
 
 def digits_batch(count: int = 16, dtype=torch.float32) -> torch.Tensor:

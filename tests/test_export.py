@@ -15,10 +15,7 @@ from safetensors.torch import save_file
 
 import polar_vit_hf as P
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "conversion"))
-
-from export import ExportError, export  # noqa: E402
+from polar_vit_hf.conversion.export import ExportError, export
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +107,7 @@ def test_export_refuses_damaged_or_diverged_weights(run_dir, tmp_path):
 
 
 def test_verify_loads_the_export_both_ways_and_catches_a_mismatch(run_dir, tmp_path):
-    from verify import MARKER, folder_digest, verify
+    from polar_vit_hf.conversion.verify import MARKER, folder_digest, verify
 
     out = export(run_dir, tmp_path / "verified")
     assert verify(out, source=run_dir)
@@ -127,8 +124,8 @@ def test_verify_loads_the_export_both_ways_and_catches_a_mismatch(run_dir, tmp_p
 
 
 def test_push_refuses_unverified_or_changed_folders_and_dry_runs(run_dir, tmp_path, capsys):
-    from push import PushError, push
-    from verify import MARKER, folder_digest
+    from polar_vit_hf.conversion.push import PushError, push
+    from polar_vit_hf.conversion.verify import MARKER, folder_digest
 
     out = export(run_dir, tmp_path / "to-push")
     with pytest.raises(PushError, match="has not passed verification"):

@@ -15,9 +15,8 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import polar_vit_hf as P
-from polar_vit_hf.data import digits_images
+from polar_vit_hf.training.data import digits_images
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_imagefolder(root: Path, classes=(0, 1, 2), per_class=(16, 6)) -> None:
@@ -39,7 +38,7 @@ def test_finetune_with_trainer_on_a_local_imagefolder_and_push(tmp_path, local_h
     data = tmp_path / "data"
     make_imagefolder(data)
     out = tmp_path / "finetuned"
-    command = [sys.executable, str(ROOT / "training" / "finetune.py"), "--model", str(source), "--dataset",
+    command = [sys.executable, "-m", "polar_vit_hf.training.finetune", "--model", str(source), "--dataset",
                "imagefolder", "--data_dir", str(data), "--output_dir", str(out), "--max_steps", "4",
                "--per_device_batch_size", "8", "--grad_accum", "1", "--warmup_epochs", "0", "--push_to_hub"]
     env = {**local_hub.client_env(tmp_path / "hf-home", TEST_TOKEN), "OMP_NUM_THREADS": "1"}

@@ -17,14 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "training" / "pretrain.py"
+MODULE = ["-m", "polar_vit_hf.training.pretrain"]
 COMMON = ["--max_steps", "12", "--save_steps", "6", "--eval_steps", "12", "--batch_size", "16", "--no_progress"]
 
 
 def run(output_dir: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--output_dir", str(output_dir), *COMMON, *extra],
+    done = subprocess.run([sys.executable, *MODULE, "--output_dir", str(output_dir), *COMMON, *extra],
                           capture_output=True, text=True, env=env, timeout=600)
     if check:
         assert done.returncode == 0, done.stderr[-4000:]
@@ -58,7 +57,7 @@ def test_a_run_writes_metrics_curves_tensorboard_and_the_model(uninterrupted):
 def test_sigkill_after_a_checkpoint_then_resume_is_exact(uninterrupted, tmp_path):
     out = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, str(SCRIPT), "--output_dir", str(out), *COMMON],
+    process = subprocess.Popen([sys.executable, *MODULE, "--output_dir", str(out), *COMMON],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     checkpoint = out / "checkpoints" / "step_6"
     deadline = time.time() + 300
@@ -122,7 +121,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     double = tmp_path / "double"
     launch = (f"ip link set lo up && {sys.executable} -m accelerate.commands.launch --multi_gpu --num_processes 2 "
               f"--num_machines 1 --mixed_precision no --dynamo_backend no --main_process_port {_free_port()} "
-              f"{SCRIPT} --output_dir {double} {' '.join(COMMON)} --max_steps 6 --save_steps 6 --eval_steps 6 --cpu")
+              f"-m polar_vit_hf.training.pretrain --output_dir {double} {' '.join(COMMON)} --max_steps 6 --save_steps 6 --eval_steps 6 --cpu")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
     done = subprocess.run([*prefix, "bash", "-c", launch], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -1,6 +1,6 @@
 """The CPU demo (``make demo``): Polar-ViT and the same-size Euclidean ViT on scikit-learn's digits.
 
-Trains both with ``training/pretrain.py`` and the ``digits-demo`` recipe (200 steps, progress
+Trains both with ``training/pretrain.py`` (:func:`run_digits`) and the ``digits-demo`` recipe (200 steps, progress
 bars), prints their held-out accuracies side by side, writes ``outputs/demo/curves.png`` with both
 training curves, and classifies a few held-out digits with ``pipeline("image-classification")``
 from the exported Polar-ViT folder ``outputs/demo/polar/model``.
@@ -11,14 +11,10 @@ from __future__ import annotations
 import argparse
 import csv
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "training"))
-
-import pretrain  # noqa: E402
+from polar_vit_hf.training import pretrain
 
 
 def read_metrics(folder: Path) -> list[dict]:
@@ -47,6 +43,16 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
     plt.close(fig)
 
 
+def run_digits(arch: str, output_dir: Path, max_steps: int = 200, extra: list[str] | None = None) -> list[dict]:
+    """Train ``arch`` (``polar`` / ``euclidean``) on the digits with the ``digits-demo`` recipe of
+    ``training/pretrain.py``; returns the rows of its ``metrics.csv`` (the last holds the held-out accuracy)."""
+    code = pretrain.main(["--recipe", "digits-demo", "--arch", arch, "--output_dir", str(output_dir),
+                          "--max_steps", str(max_steps), "--eval_steps", str(max_steps), *(extra or [])])
+    if code:
+        raise RuntimeError(f"pretraining {arch} on the digits failed (exit status {code})")
+    return read_metrics(output_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output_dir", default="outputs/demo")
@@ -54,13 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
     shutil.rmtree(out, ignore_errors=True)
-    seconds = {}
-    for arch in ("polar", "euclidean"):
+    seconds, runs = {}, {}
+    for arch, name in (("polar", "Polar-ViT (demo)"), ("euclidean", "Euclidean ViT (same size)")):
         start = time.perf_counter()
-        pretrain.main(["--recipe", "digits-demo", "--arch", arch, "--output_dir", str(out / arch),
-                       "--max_steps", str(args.max_steps), "--eval_steps", str(args.max_steps)])
+        runs[name] = run_digits(arch, out / arch, args.max_steps)
         seconds[arch] = time.perf_counter() - start
-    runs = {"Polar-ViT (demo)": read_metrics(out / "polar"), "Euclidean ViT (same size)": read_metrics(out / "euclidean")}
     print(f"\nscikit-learn digits, 32 x 32, {args.max_steps} steps, batch 32, the digits-demo recipe")
     print(f"{'model':<28} {'held-out accuracy':>18} {'train time':>11}")
     for (name, rows), arch in zip(runs.items(), ("polar", "euclidean")):
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from PIL import Image
     from transformers import pipeline
 
-    from polar_vit_hf.data import digits_images, digits_split_indices
+    from polar_vit_hf.training.data import digits_images, digits_split_indices
 
     # trust_remote_code=False: the package is installed, so its registered classes are used (and
     # transformers' probe for a video processor does not ask about the folder's remote code)

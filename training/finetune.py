@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from transformers import Trainer, TrainingArguments
 
-ROOT = Path(__file__).resolve().parents[1]
+METRICS = Path(__file__).resolve().parent / "metrics"
 DATASETS = {"cub": "bentrevett/caltech-ucsd-birds-200-2011", "aircraft": "HuggingFaceM4/FGVC-Aircraft"}
 
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import polar_vit_hf as P
     from polar_vit_hf.optim import RiemannianAdamW, param_groups
-    from polar_vit_hf.training_data import TransformedDataset, build_data
+    from polar_vit_hf.training.data import TransformedDataset, build_data
 
     config = P.PolarViTConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
     image_size = config.image_size  # fine-tune at the pretraining resolution (224 for the ImageNet models)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mixup > 0 or args.cutmix > 0:
         mixup = Mixup(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, label_smoothing=args.label_smoothing,
                       num_classes=len(id2label))
-    accuracy = evaluate.load(str(ROOT / "training" / "metrics" / "accuracy"))
+    accuracy = evaluate.load(str(METRICS / "accuracy"))
 
     def compute_metrics(prediction):
         logits, labels = prediction.predictions, prediction.label_ids
@@ -184,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         (Path(args.output_dir) / "run_info.json").write_text(json.dumps(run_info, indent=2))
     print(f"held-out accuracy ({args.eval_split}) at the last step: {metrics.get('eval_accuracy')}")
     if args.push_to_hub and trainer.is_world_process_zero():
-        sys.path.insert(0, str(ROOT / "conversion"))
-        from push import publish
+        from polar_vit_hf.conversion.push import publish
 
         return 0 if publish(Path(args.output_dir), args.hub_model_id, private=args.hub_private) else 1
     return 0

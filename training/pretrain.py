@@ -34,8 +34,7 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 
-ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ROOT / "training" / "recipes"
+RECIPES = Path(__file__).resolve().parent / "recipes"
 CSV_FIELDS = ["step", "epoch", "loss", "lr", "eval_accuracy"]
 
 
@@ -122,7 +121,7 @@ def calibrate(model, recipe: dict, arch: str, train, accelerator: Accelerator) -
     radius = recipe["model"].get("calibrate_radius")
     if radius is None or arch != "polar":
         return
-    from polar_vit_hf.calibration import calibrate_radii
+    from polar_vit_hf.training.calibration import calibrate_radii
 
     count = min(int(recipe["model"].get("calibrate_images", 32)), len(train))
     pixels = torch.stack([train[i][0] for i in range(count)])
@@ -279,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume to continue "
                          f"or choose another --output_dir")
     set_seed(args.seed)
-    from polar_vit_hf.training_data import build_data, build_mixup
+    from polar_vit_hf.training.data import build_data, build_mixup
 
     data = build_data(recipe["data"]["dataset"], recipe["data"]["image_size"], recipe["augment"], args.data_dir,
                       recipe["data"].get("train_split", "train"), recipe["data"].get("eval_split", "test"))

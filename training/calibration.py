@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .modeling.modeling_polar_vit import PolarFC
+from polar_vit_hf.modeling.modeling_polar_vit import PolarFC
 
 
 class _Captured(Exception):

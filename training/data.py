@@ -2,7 +2,8 @@
 
 Datasets by Hugging Face name (``cifar100``, ``imagenet-1k``, ``zh-plus/tiny-imagenet``, ...),
 a local ``imagefolder`` (``data_dir/<split>/<label>/<image>``), or ``digits`` (scikit-learn's
-digits, shipped with the package, the offline default).  Augmentation uses torchvision's v2
+digits: 1797 grey 8 x 8 images of 10 classes that ship inside scikit-learn, upsampled to an RGB
+image of ``image_size`` pixels; the offline default).  Augmentation uses torchvision's v2
 transforms (random resized crop, flip, AutoAugment / RandAugment, random erasing) and timm's
 Mixup/CutMix with label smoothing.
 """
@@ -17,10 +18,28 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from .data import digits_images, digits_split_indices
 
 HF_ALIASES = {"cifar100": "uoft-cs/cifar100", "cifar10": "uoft-cs/cifar10", "tiny-imagenet": "zh-plus/tiny-imagenet",
               "imagenet1k": "imagenet-1k"}
+
+
+def digits_images(image_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """All digits as uint8 RGB arrays ``(1797, S, S, 3)`` and labels, upsampled bilinearly."""
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    grey = torch.from_numpy(digits.images.astype(np.float32) / 16.0).unsqueeze(1)  # (N, 1, 8, 8)
+    big = F.interpolate(grey, size=(image_size, image_size), mode="bilinear", align_corners=False)
+    rgb = (big.clamp(0, 1) * 255.0).round().to(torch.uint8).repeat(1, 3, 1, 1).permute(0, 2, 3, 1)
+    return rgb.numpy(), digits.target.astype(np.int64)
+
+
+def digits_split_indices(count: int = 1797, test_fraction: float = 0.25, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, test)`` indices of the seeded digits split used everywhere in the project."""
+    order = np.random.default_rng(seed).permutation(count)
+    n_test = int(round(test_fraction * count))
+    return order[n_test:], order[:n_test]
 
 
 @dataclass

@@ -16,12 +16,16 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-import mpmath
 import torch
 from torch import Tensor
 
-from .modeling import ambient as amb
-from .modeling import geometry as geo
+from polar_vit_hf.modeling import ambient as amb
+from polar_vit_hf.modeling import geometry as geo
+
+try:
+    import mpmath
+except ImportError as error:  # a runtime-optional dependency: only the precision study needs it
+    raise ImportError("the precision study needs mpmath: pip install 'polar-vit-hf[precision]'") from error
 
 MP_DIGITS = 60
 
