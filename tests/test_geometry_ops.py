@@ -113,6 +113,43 @@ class TestAgreesWithAmbientFloat64:
         rx, ux = from_amb(A.horoshift(x, t, 3, 7, k), k)
         assert geodesic(r, u, rx, ux, k).max() < 1e-10
 
+    def test_boost(self, k):
+        x, _ = self.amb(k)
+        t = torch.linspace(-2.0, 2.0, 64, dtype=F64)
+        r, u = G.boost(self.r1, self.u1, t, 4, k)
+        rx, ux = from_amb(A.boost(x, t, 4, k), k)
+        assert geodesic(r, u, rx, ux, k).max() < 1e-10
+        assert (r - self.r1).abs().max() > 0.1  # the boost moved the points
+
+    def test_rotate(self, k):
+        x, _ = self.amb(k)
+        t = torch.linspace(-3.0, 3.0, 64, dtype=F64)
+        r, u = G.rotate(self.r1, self.u1, t, 2, 5)
+        rx, ux = from_amb(A.rotate(x, t, 2, 5), k)
+        assert geodesic(r, u, rx, ux, k).max() < 1e-10
+        assert torch.allclose(r, self.r1, rtol=0, atol=0)  # a rotation keeps the radius exactly
+        assert (u - self.u1).abs().max() > 0.1
+
+    def test_direct_concat(self, k):
+        heads = 4
+        r = self.r1.reshape(16, heads)
+        u = self.u1.reshape(16, heads, 10)
+        rc, uc = G.direct_concat(r, u, k)
+        rx, ux = from_amb(A.direct_concat(G.to_ambient(r, u, k), k), k)
+        assert geodesic(rc, uc, rx, ux, k).max() < 1e-10
+        assert rc.shape == (16,) and uc.shape == (16, heads * 10)
+        # the space parts are concatenated: sinh a u = concat_h(sinh a_h u_h)
+        assert torch.allclose(G.space(rc, uc, k), G.space(r, u, k).flatten(-2), rtol=1e-10, atol=1e-10)
+
+    def test_gyroadd_space(self, k):
+        x, y = self.amb(k)
+        bias = A.from_space(x[..., 1:], k)[..., 1:]  # space coordinates of a bias point
+        r, u = G.gyroadd_space(bias, self.r2, self.u2, k)
+        rx, ux = from_amb(A.gyroadd(A.from_space(bias, k), y, k), k)
+        assert geodesic(r, u, rx, ux, k).max() < 1e-10
+        r0, u0 = G.gyroadd_space(torch.zeros_like(bias), self.r2, self.u2, k)  # the origin is the identity
+        assert geodesic(r0, u0, self.r2, self.u2, k).max() < 1e-10
+
 
 # --------------------------------------------------------------------------------------------
 # identities and properties

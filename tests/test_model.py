@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,11 +121,13 @@ def test_polar_and_ambient_models_agree_in_float64(overrides):
 
 
 def test_state_dict_of_one_arithmetic_loads_into_the_other():
-    polar = small_model()
-    ambient = small_model(arithmetic="ambient")
+    polar = small_model().double()
+    torch.manual_seed(1)  # different initial weights: the load must be what makes the two agree
+    ambient = P.PolarViTForImageClassification(demo_config(arithmetic="ambient")).double()
+    x = torch.randn(2, 3, 32, 32, dtype=F64)
+    assert not torch.allclose(polar(x).logits, ambient(x).logits, atol=1e-6)
     ambient.load_state_dict(polar.state_dict())
-    x = torch.randn(2, 3, 32, 32)
-    assert torch.allclose(polar.double()(x.double()).logits, ambient.double()(x.double()).logits, atol=1e-10)
+    assert torch.allclose(polar(x).logits, ambient(x).logits, rtol=0, atol=1e-10)
 
 
 def _drive_to_radius_12(model: P.PolarViTForImageClassification) -> None:
@@ -214,7 +217,11 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     model.zero_grad()
     model.activation_checkpointing_enable()
     model.train()
+    assert model.is_activation_checkpointing
+    calls = []  # a hook inside the block (transformers checkpoints the block's forward, not its hooks)
+    model.polar_vit.layers[0].attention.register_forward_hook(lambda *_: calls.append(1))
     model(x, labels=y).loss.backward()
+    assert len(calls) == 2  # the block ran again during backward: its activations were not kept
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad, expected[name], atol=1e-6), name
 
@@ -292,3 +299,105 @@ def test_initialisation_follows_appendix_d2():
     assert torch.all(fc.klein_weight == 0) and torch.all(fc.radius_bias == 0)
     rates = layer.attention.position.rates
     assert math.isclose(rates.min().item(), 0.5, rel_tol=1e-5) and math.isclose(rates.max().item(), 4.0, rel_tol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# structure: checkpoints from before the restructuring, variants, registry, parameter roles
+# --------------------------------------------------------------------------------------------
+PRE_REFACTOR = Path(__file__).resolve().parent / "data" / "pre_refactor"
+
+
+@pytest.mark.parametrize("name", ["default", "variants", "space"])
+def test_checkpoints_saved_before_the_restructuring_still_load(name):
+    """Tiny checkpoints written by the code before the encoder/variant classes existed (checked in with their
+    inputs and logits): every key loads (no missing or unexpected weights) and the logits are unchanged."""
+    from safetensors.torch import load_file
+
+    model, info = P.PolarViTForImageClassification.from_pretrained(PRE_REFACTOR / name, output_loading_info=True)
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    expected = load_file(PRE_REFACTOR / name / "expected.safetensors")
+    with torch.no_grad():
+        logits = model.eval()(pixel_values=expected["pixel_values"]).logits
+    assert torch.allclose(logits, expected["logits"], rtol=1e-5, atol=1e-6)
+
+
+def test_variant_classes_come_from_the_config_mappings():
+    from polar_vit_hf.modeling import modeling_polar_vit as M
+
+    for overrides, attribute, cls in (
+        (dict(residual="space"), "attention_residual", M.SpaceResidual),
+        (dict(residual="lorentz_midpoint"), "mlp_residual", M.LorentzMidpointResidual),
+        (dict(relative_position="rotation"), "attention.position", M.RotationEncoding),
+    ):
+        layer = small_model(**overrides).polar_vit.encoder[0]
+        assert isinstance(layer.get_submodule(attribute), cls)
+    assert isinstance(small_model(head="poincare_mlr").classifier, M.PoincareMLRHead)
+    assert isinstance(small_model(readout="cls").polar_vit.pooler, M.PolarViTClassTokenPooler)
+    assert isinstance(small_model().polar_vit.pooler, M.PolarViTCentroidPooler)
+    assert small_model(relative_position="none").polar_vit.encoder[0].attention.position is None
+
+
+def test_the_two_arithmetics_are_siblings_of_one_interface():
+    from polar_vit_hf.modeling.manifold_ops import AmbientOps, ManifoldOps
+
+    assert issubclass(PolarOps, ManifoldOps) and issubclass(AmbientOps, ManifoldOps)
+    assert not issubclass(AmbientOps, PolarOps)
+
+    class Incomplete(ManifoldOps):  # an arithmetic that forgets an operation cannot be created
+        name = "incomplete"
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete()
+
+
+def test_a_registered_attention_implementation_is_used_by_the_model():
+    from polar_vit_hf.modeling.attention import PolarAttentionInterface
+
+    calls = []
+
+    def logged(*args):
+        calls.append(args[0].shape)
+        return P.attention.POLAR_ATTENTION_FUNCTIONS["eager"](*args)
+
+    PolarAttentionInterface.register("logged_eager", logged)
+    try:
+        model = small_model(polar_attn_implementation="logged_eager").eval()
+        reference = small_model(polar_attn_implementation="eager").eval()
+        x = torch.randn(2, 3, 32, 32)
+        assert torch.allclose(model(x).logits, reference(x).logits, rtol=0, atol=0)
+        assert len(calls) == model.config.num_hidden_layers
+    finally:
+        del PolarAttentionInterface._global_mapping["logged_eager"]
+    with pytest.raises(ValueError, match="polar_attn_implementation='logged_eager' is not one of"):
+        demo_config(polar_attn_implementation="logged_eager")
+
+
+def test_modules_declare_the_roles_of_their_parameters():
+    from polar_vit_hf.modeling.modeling_polar_vit import MANIFOLD, NO_DECAY, RADIUS_RULE_ANCHOR, parameter_roles
+
+    model = small_model(readout="cls", residual="lorentz_midpoint")
+    roles = parameter_roles(model)
+    assert {name for name, role in roles.items() if role == MANIFOLD} == set(model.manifold_parameter_names())
+    assert roles["polar_vit.embeddings.cls_token"] == MANIFOLD
+    assert roles["polar_vit.layers.0.attention_norm.bias_point"] == MANIFOLD
+    assert roles["polar_vit.layers.0.mlp_residual.midpoint_weight"] == NO_DECAY
+    assert roles["polar_vit.layers.1.attention.position.rates"] == NO_DECAY
+    assert roles["polar_vit.layers.0.mlp.fc1.norm_power"] == ("decay_to", RADIUS_RULE_ANCHOR["norm_power"])
+    assert "polar_vit.layers.0.mlp.fc1.weight" not in roles
+    # the anchor is also the initial value: one place for both
+    fc = model.polar_vit.layers[0].mlp.fc1
+    assert all(torch.all(getattr(fc, name) == value) for name, value in RADIUS_RULE_ANCHOR.items())
+
+
+def test_init_weights_restores_the_declared_initial_values():
+    model = small_model(residual="lorentz_midpoint")
+    fresh = copy.deepcopy(model.state_dict())
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(1.0)
+    for module in model.modules():
+        model._init_weights(module)
+    for name, value in model.state_dict().items():
+        if name.endswith(("log_gain", "bias_point", "midpoint_weight", "log_temperature", "rates", "norm_power",
+                          "radius_weight", "klein_weight", "radius_bias", "alpha")):
+            assert torch.allclose(value, fresh[name]), name
