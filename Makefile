@@ -1,6 +1,6 @@
 # polar-vit-hf: the two commands of the README quickstart.
 #   make demo   - the project's main job: the digits training demo, then the precision table
-#   make test   - the whole test suite (installs what it needs first)
+#   make test   - ruff (line length 119) and the whole test suite (installs what it needs first)
 # Both are idempotent: the virtual environment is (re)built only when setup.cfg changes.
 
 PYTHON ?= python3
@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(PY) benchmarks/precision.py --out outputs/precision
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q --durations=15
 
 clean:

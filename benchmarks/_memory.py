@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 

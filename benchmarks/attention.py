@@ -6,7 +6,8 @@ For each sequence length N and implementation, one forward + backward of the att
 ``(batch, heads, N, head_dim)`` inputs (default 1 x 4 x N x 16 on CPU, 8 x 12 x N x 64 on CUDA)
 is timed (median of ``--repeats`` after a warm-up) and the peak memory of the first (cold) step
 measured: on CUDA with ``torch.cuda.max_memory_allocated``; on CPU as the growth of the sampled
-resident set (``benchmarks/_memory.py``) in a fresh subprocess per measurement.  ``sdpa`` is ``torch.nn.functional.scaled_dot_product_attention`` on
+resident set (``benchmarks/_memory.py``) in a fresh subprocess per measurement.  ``sdpa`` is
+``torch.nn.functional.scaled_dot_product_attention`` on
 the same shapes (Euclidean yardstick).  ``--check`` first compares the Triton kernels (and the
 chunked path) with the float64 eager reference.  Prints a table and writes ``attention.csv`` and
 ``attention.png`` to ``--out``.
@@ -22,7 +23,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
 
 IMPLS = ("eager", "chunked", "triton", "sdpa")
 
@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         value = json.loads(done.stdout.strip().splitlines()[-1])
         results[(impl, n)] = (value["seconds"], value["peak_mib"])
 
-    print(f"\nforward + backward, batch {batch}, heads {heads}, head dim {dim}, {args.device}, median of {args.repeats}")
+    print(f"\nforward + backward, batch {batch}, heads {heads}, head dim {dim}, {args.device}, "
+          f"median of {args.repeats}")
     header = "".join(f"{impl + ' ms':>14}{impl + ' MiB':>14}" for impl in impls)
     print(f"{'N':>6}{header}")
     for n in args.sizes:
@@ -177,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     last = args.sizes[-1]
     if "eager" in impls and "chunked" in impls:
         e, c = results[("eager", last)], results[("chunked", last)]
-        print(f"N={last}: chunked / eager time {c[0] / e[0]:.2f}x, eager / chunked memory {e[1] / max(c[1], 1e-9):.1f}x")
+        print(f"N={last}: chunked / eager time {c[0] / e[0]:.2f}x, "
+              f"eager / chunked memory {e[1] / max(c[1], 1e-9):.1f}x")
     if "triton" in impls:
         for n in args.sizes:
             t = results[("triton", n)][0]

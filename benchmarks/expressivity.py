@@ -128,12 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--max-iters", type=int, default=10_000)
     parser.add_argument("--lr", type=float, default=1e-3, help="SGD step of the polar-distance layers")
-    parser.add_argument("--layers", nargs="+", choices=("polar", "lorentz", "chen"), default=["polar", "lorentz", "chen"])
+    parser.add_argument("--layers", nargs="+", choices=("polar", "lorentz", "chen"),
+                        default=["polar", "lorentz", "chen"])
     parser.add_argument("--out", default="outputs/expressivity")
     args = parser.parse_args(argv)
     from tqdm.auto import tqdm
 
-    labels = {"polar": "Polar-FC (Eq. 8)", "lorentz": "Lorentz FC, general form", "chen": "Lorentz FC (Chen et al. 2022)"}
+    labels = {"polar": "Polar-FC (Eq. 8)", "lorentz": "Lorentz FC, general form",
+              "chen": "Lorentz FC (Chen et al. 2022)"}
     labels = {kind: name for kind, name in labels.items() if kind in args.layers}
     runs = [(kind, dtype) for kind in labels for dtype in (torch.float32, torch.float64)]
     results = {}

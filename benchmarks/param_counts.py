@@ -6,7 +6,6 @@ Run:  python benchmarks/param_counts.py
 
 from __future__ import annotations
 
-
 import torch
 
 import polar_vit_hf as P

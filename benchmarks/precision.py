@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         print(" | ".join(f"{v:>16}" for v in vals))
 
     print("\nManifold weight decay: centroid of {x, o} with weights (1 - 1e-5, 1e-5), float32")
-    print(" | ".join(f"{h:>16}" for h in ("r", "exact r'", "polar r'", "ambient r'", "polar err/step", "ambient err/step")))
+    headers = ("r", "exact r'", "polar r'", "ambient r'", "polar err/step", "ambient err/step")
+    print(" | ".join(f"{h:>16}" for h in headers))
     for wd in decay:
         vals = (f"{wd.radius:g}", f"{wd.reference_radius:.6f}", f"{wd.polar_radius:.6f}", f"{wd.ambient_radius:.6f}",
                 fmt(wd.polar_error_of_step), fmt(wd.ambient_error_of_step))
@@ -93,8 +94,9 @@ def plot(rows, decay, path: Path) -> None:
         ("gyro-norm centring (geodesic error)", "centring"),
     ]
     for ax, (title, key) in zip(axes, panels):
-        ax.semilogy(radii, clean([getattr(r, f"{key}_ambient") for r in rows]), "o-", color="tab:red", label="ambient fp32")
-        ax.semilogy(radii, clean([getattr(r, f"{key}_polar") for r in rows]), "s-", color="tab:blue", label="polar fp32")
+        for kind, marker, color in (("ambient", "o-", "tab:red"), ("polar", "s-", "tab:blue")):
+            ax.semilogy(radii, clean([getattr(r, f"{key}_{kind}") for r in rows]), marker, color=color,
+                        label=f"{kind} fp32")
         if key != "sq_distance":
             ax.semilogy(radii, [r.resolution_limit for r in rows], "k--", lw=1, label="resolution limit (Prop. 2)")
         ax.axvline(8.3, color="gray", lw=0.8, ls=":")

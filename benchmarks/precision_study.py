@@ -13,14 +13,13 @@ those very points, i.e. the best an ambient model could store.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from polar_vit_hf.modeling import ambient as amb
-from polar_vit_hf.modeling import geometry as geo
+from polar_vit_hf.modeling import ambient as amb, geometry as geo
 
 try:
     import mpmath

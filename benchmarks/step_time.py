@@ -11,7 +11,8 @@ fused with the chunked attention core.
 Each model runs in its own subprocess (peak memory: the growth of the resident set, sampled in
 the background, over the first training step; saved bytes: the distinct non-parameter tensors
 autograd keeps for backward, counted with ``torch.autograd.graph.saved_tensors_hooks``); times are
-the median of ``--repeats`` steps after ``--warmup`` steps; ratios are taken within this one run.  The Euclidean model is
+the median of ``--repeats`` steps after ``--warmup`` steps; ratios are taken within this one run.  The
+Euclidean model is
 transformers' ``ViTForImageClassification`` with the same depth, width, MLP width, heads and patch
 size.  Writes ``step_time.csv`` and ``step_time.png`` to ``--out``.
 """
@@ -27,7 +28,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
 
 MODELS = ("euclidean", "ambient", "polar-reference", "polar", "polar-chunked")
 
@@ -137,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
                    f"{results[name]['peak_growth_mib']:.0f} MiB peak, "
                    f"{results[name]['saved_mib']:.0f} MiB saved")  # kept if a later model fails
 
-    base = results["euclidean"]["median_s"] if "euclidean" in results else None
     print(f"\n{args.preset}, batch {args.batch}, forward + backward, {args.threads} CPU threads, "
           f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}")
     print(f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {'peak RSS growth':>16} {'vs ViT':>7} "
@@ -149,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = lambda value, key: f"{value / euclid[key]:>6.2f}x" if euclid else f"{'-':>7}"  # noqa: E731
     for name in args.models:
         r = results[name]
-        print(f"{labels[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {ratio(r['median_s'], 'median_s')} "
+        print(f"{labels[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms "
+              f"{ratio(r['median_s'], 'median_s')} "
               f"{r['peak_growth_mib']:>12.0f} MiB {ratio(r['peak_growth_mib'], 'peak_growth_mib')} "
               f"{r['saved_mib']:>10.0f} MiB {ratio(r['saved_mib'], 'saved_mib')}")
     if {"polar", "ambient"} <= set(results):

@@ -69,8 +69,9 @@ def _load_weights(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
 
 def _from_folder(folder: Path):
     """``from_pretrained`` of a saved folder, with damaged weights or config reported as ExportError."""
-    import polar_vit_hf as P
     from safetensors import SafetensorError
+
+    import polar_vit_hf as P
 
     try:
         return P.PolarViTForImageClassification.from_pretrained(folder)
@@ -183,7 +184,8 @@ def training_summary(run_dir: Path | None) -> str:
         return "Training details were not recorded with this export."
     recipe = json.loads((run_dir / "recipe.json").read_text())
     optim, data = recipe["optim"], recipe["data"]
-    return (f"Trained with `training/pretrain.py` on `{data['dataset']}` at {data['image_size']} px: Riemannian AdamW, "
+    return (f"Trained with `training/pretrain.py` on `{data['dataset']}` at {data['image_size']} px: "
+            f"Riemannian AdamW, "
             f"lr {optim['lr']}, weight decay {optim['weight_decay']}, global batch {optim['batch_size']} "
             f"x {optim.get('grad_accum', 1)} accumulation, cosine schedule with warm-up, "
             f"{optim.get('max_steps') or str(optim.get('epochs')) + ' epochs'} steps; augmentation "

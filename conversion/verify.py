@@ -122,14 +122,14 @@ def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e
            revision: str | None = None) -> bool:
     """Load ``target`` (an export folder, or a pushed repo id with ``source``) both ways; see the module doc."""
     import polar_vit_hf as P
-
     from polar_vit_hf.conversion.export import load_source
 
     from_hub = is_repo_id(target)
     if from_hub and source is None:
         raise ValueError(f"{target} is not a local folder; verifying a Hub repo needs --source (the exported folder)")
     folder = Path(source if from_hub else target)
-    model = (load_source(source, None, False)[0] if source else P.PolarViTForImageClassification.from_pretrained(folder))
+    model = (load_source(source, None, False)[0] if source
+             else P.PolarViTForImageClassification.from_pretrained(folder))
     model.eval()
     processor_from = folder if (folder / "preprocessor_config.json").exists() else str(target)
     processor = P.PolarViTImageProcessor.from_pretrained(processor_from, revision=revision)
@@ -144,7 +144,8 @@ def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e
     with tempfile.TemporaryDirectory(prefix="polar-vit-verify-") as tmp:
         workdir = Path(tmp)
         inputs = workdir / "inputs.pt"
-        torch.save({"pixel_values": pixel_values, "images": [torch.from_numpy(np.ascontiguousarray(i)) for i in images]},
+        tensors = [torch.from_numpy(np.ascontiguousarray(i)) for i in images]
+        torch.save({"pixel_values": pixel_values, "images": tensors},
                    inputs)
         where = f"{target} on {os.environ.get('HF_ENDPOINT', 'the Hub')}" if from_hub else target
         print(f"verify {where}: {len(images)} photographs + 2 noise images, tolerance {tolerance:g}")

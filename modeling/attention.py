@@ -12,7 +12,8 @@ reference), ``fused`` (one block, :mod:`fused`), ``chunked`` (key blocks with an
 from __future__ import annotations
 
 import math
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import Union
 
 import torch
 from torch import Tensor
@@ -94,9 +95,11 @@ class _ChunkedPolarAttention(torch.autograd.Function):
         ``sum_j w_j sinh b_j 1/2 ||v_j - X||^2 = S(u_hat) + ||V|| 1/2 ||u_hat - X||^2``
 
     (proof: the difference of the two sides is ``sum w sinh b (v.u_hat - v.X) = V.(u_hat - X) =
-    ||V|| (1 - u_hat.X)``).  Chords are exact differences (``torch.cdist``), never ``1 - u.v``.  With ``X = u_hat_new`` after the block:
+    ||V|| (1 - u_hat.X)``).  Chords are exact differences (``torch.cdist``), never ``1 - u.v``.  With
+    ``X = u_hat_new`` after the block:
 
-        ``S_new = S_old + ||V_old|| 1/2 ||u_hat_old - u_hat_new||^2 + sum_{j in J} w_j sinh b_j 1/2 ||v_j - u_hat_new||^2``,
+        ``S_new = S_old + ||V_old|| 1/2 ||u_hat_old - u_hat_new||^2``
+        ``        + sum_{j in J} w_j sinh b_j 1/2 ||v_j - u_hat_new||^2``,
 
     a sum of non-negative terms, so ``S`` keeps full relative precision; the radius then follows
     Eq. 22.  Backward recomputes the scores block by block from the saved row statistics; ``S``
@@ -191,7 +194,8 @@ class _ChunkedPolarAttention(torch.autograd.Function):
             a, b = a_q.unsqueeze(-1), a_k[:, :, None, blk]
             sinh_b_k = torch.sinh(b)
             grads["a_q"] += (g_c * (torch.sinh(a - b) + torch.cosh(a) * sinh_b_k * chord_qk)).sum(-1)
-            grads["a_k"][:, :, blk] += (g_c * (torch.sinh(b - a) + sinh_a.unsqueeze(-1) * torch.cosh(b) * chord_qk)).sum(2)
+            grads["a_k"][:, :, blk] += (
+                g_c * (torch.sinh(b - a) + sinh_a.unsqueeze(-1) * torch.cosh(b) * chord_qk)).sum(2)
             g_chord = g_c * sinh_a.unsqueeze(-1) * sinh_b_k
             q_k = uk[:, :, blk] - k_bar
             grads["uq"] += p_q * g_chord.sum(-1, keepdim=True) - g_chord @ q_k

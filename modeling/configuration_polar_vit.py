@@ -185,7 +185,7 @@ class PolarViTConfig(PreTrainedConfig):
             raise ValueError(f"horoshift_rate_init must be (low, high) with 0 < low <= high, got {rates!r}")
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "PolarViTConfig":
+    def from_preset(cls, name: str, **overrides: Any) -> PolarViTConfig:
         """A preset of DESIGN.md / Appendix D (``tiny-cifar``, ``base-cifar``, ``tiny``, ``small``, ``demo``)."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")

@@ -341,7 +341,8 @@ def _flatten_attention_inputs(rq, uq, rk, uk, rv, uv) -> list[Tensor]:
 
 def fused_polar_attention(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor,
                           k: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Polar attention (Eq. 9) in one fused function; ``scale`` is an ``(H,)`` tensor (:class:`FusedPolarAttention`)."""
+    """Polar attention (Eq. 9) in one fused function; ``scale`` is an ``(H,)`` tensor
+    (:class:`FusedPolarAttention`)."""
     return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k))
 
 
@@ -440,7 +441,8 @@ def fused_polar_fc(p: Tensor, weight: Tensor, rule: tuple[Tensor, Tensor, Tensor
 # gyrovector pieces shared by the gyro layer norm (Sec. 4.4, Eq. 20, 21)
 # --------------------------------------------------------------------------------------------
 def _polar_from_z(z: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
-    """``(r, u, ||z||)`` of the point with space coordinates ``sqrt(k) z``: ``r = sqrt(k) asinh ||z||``, ``u = z/||z||``."""
+    """``(r, u, ||z||)`` of the point with space coordinates ``sqrt(k) z``: ``r = sqrt(k) asinh ||z||``,
+    ``u = z/||z||``."""
     norm = torch.linalg.vector_norm(z, dim=-1)
     nonzero = norm > 0
     u = z / torch.where(nonzero, norm, torch.ones_like(norm)).unsqueeze(-1)
@@ -450,7 +452,8 @@ def _polar_from_z(z: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _polar_from_z_backward(g_r: Tensor, g_u: Tensor, u: Tensor, norm: Tensor, sqrt_k: float) -> Tensor:
-    """``dL/dz`` of :func:`_polar_from_z`: ``sqrt(k) g_r / sqrt(1 + |z|^2) u + (g_u - (g_u.u) u) / |z|``, 0 at ``z = 0``."""
+    """``dL/dz`` of :func:`_polar_from_z`: ``sqrt(k) g_r / sqrt(1 + |z|^2) u + (g_u - (g_u.u) u) / |z|``,
+    0 at ``z = 0``."""
     nonzero = norm > 0
     inv = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
     radial = torch.where(nonzero, sqrt_k * g_r / torch.sqrt(1.0 + norm * norm), torch.zeros_like(norm))
@@ -459,7 +462,8 @@ def _polar_from_z_backward(g_r: Tensor, g_u: Tensor, u: Tensor, norm: Tensor, sq
 
 
 def _gyroadd_z(a: Tensor, u1: Tensor, b: Tensor, v: Tensor) -> tuple[Tensor, tuple]:
-    """``z`` of ``x (+) y`` (Eq. 20, 21; :func:`geometry.gyroadd`), ``x = (a, u1)``, ``y = (b, v)``, radii / ``sqrt(k)``.
+    """``z`` of ``x (+) y`` (Eq. 20, 21; :func:`geometry.gyroadd`), ``x = (a, u1)``, ``y = (b, v)``,
+    radii / ``sqrt(k)``.
 
     ``d = v - s u1`` (``s = sign(u1 . v)``), ``h = 1/2 ||d||^2``, ``v_perp = d + s h u1``;
     ``z_par = sinh a cosh b + cosh a sinh b (1 - h)`` (``s > 0``) or ``sinh(a - b) + cosh a sinh b h``;
@@ -688,7 +692,8 @@ def _safe_sqrt(sq: Tensor) -> Tensor:
 
 
 def _boost_scalars(x: list[Tensor], cosh_a: Tensor, t: Tensor, axis: int) -> list[Tensor]:
-    """Lorentz boost of rapidity ``t`` along ``axis`` (:func:`geometry.boost`): ``x_i <- sinh t cosh a + cosh t x_i``."""
+    """Lorentz boost of rapidity ``t`` along ``axis`` (:func:`geometry.boost`):
+    ``x_i <- sinh t cosh a + cosh t x_i``."""
     sinh_t, cosh_t = torch.sinh(t), torch.cosh(t)  # differentiated by autograd (smooth at t = 0); (N, H)-sized
     out = list(x)
     out[axis] = sinh_t * cosh_a + cosh_t * x[axis]
@@ -697,7 +702,8 @@ def _boost_scalars(x: list[Tensor], cosh_a: Tensor, t: Tensor, axis: int) -> lis
 
 def _reserved_axes_scalars(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_rows: Tensor, t_cols: Tensor,
                            sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token scalar part of the 2-D encoding: ``(r', u'_0..3 (..., 4), scale)`` with ``u'_m = scale u_m`` for ``m >= 4``.
+    """Per-token scalar part of the 2-D encoding: ``(r', u'_0..3 (..., 4), scale)`` with ``u'_m = scale u_m``
+    for ``m >= 4``.
 
     ``u4`` holds the reserved direction coordinates, ``rest_sq`` the sum of squares of the others.
     """
@@ -732,7 +738,8 @@ def _reserved_axes_scalars(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_
 
 
 class FusedReservedAxesEncoding(torch.autograd.Function):
-    r"""The 2-D relative position encoding of every head (``horoshift`` Eq. 10 / ``boost`` / ``rotation``) as one function.
+    r"""The 2-D relative position encoding of every head (``horoshift`` Eq. 10 / ``boost`` / ``rotation``) as one
+    function.
 
     The two moves (rows on the reserved axes ``(0, 1)``, columns on ``(2, 3)``) change only the
     four reserved coordinates and the radius; every other space coordinate ``x_m = sqrt(k) sinh a u_m``
@@ -886,5 +893,8 @@ class FusedBoostResidual(torch.autograd.Function):
 
 
 def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
-    """Boost residual (Eq. 12) of ``x, f (B, N, n+1)``; ``strength (B, 1)`` or ``None``. See :class:`FusedBoostResidual`."""
+    """Boost residual (Eq. 12) of ``x, f (B, N, n+1)``; ``strength (B, 1)`` or ``None``.
+
+    See :class:`FusedBoostResidual`.
+    """
     return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k))

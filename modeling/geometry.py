@@ -21,8 +21,9 @@ This module is part of the remote code of exported checkpoints: it imports only 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Union
+from typing import Union
 
 import torch
 from torch import Tensor

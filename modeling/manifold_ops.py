@@ -3,7 +3,8 @@
 Every layer of the model is written once against the interface :class:`ManifoldOps`; its two
 implementations are siblings: ``PolarOps`` runs it with the polar operations of :mod:`geometry`,
 ``AmbientOps`` with the ambient formulas of :mod:`ambient` (the paper's baseline).  An operation
-one of them lacks is an error at class creation (abstract method), never a silent fallback.  Both represent a point as one tensor of shape
+one of them lacks is an error at class creation (abstract method), never a silent fallback.  Both
+represent a point as one tensor of shape
 ``(..., n+1)`` so that reshapes, indexing and gradient checkpointing are the same:
 
 * polar:   ``p = [r, u_1, ..., u_n]`` (radius, then unit direction);
@@ -32,6 +33,7 @@ from .ambient import (
     rotate as ambient_rotate,
     sq_distance as ambient_sq_distance,
 )
+from .attention import polar_attention
 from .geometry import (
     boost,
     centroid,
@@ -47,7 +49,6 @@ from .geometry import (
     sq_distance,
     to_ambient,
 )
-from .attention import polar_attention
 
 
 class ManifoldOps(ABC):
@@ -143,7 +144,8 @@ class ManifoldOps(ABC):
     @abstractmethod
     def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
                   return_probs: bool) -> tuple[Tensor, Tensor | None]:
-        """Eq. 9 on ``(B, H, N, d+1)`` points with per-head ``scale (H,)``: ``(heads (B, H, N, d+1), probs or None)``."""
+        """Eq. 9 on ``(B, H, N, d+1)`` points with per-head ``scale (H,)``:
+        ``(heads (B, H, N, d+1), probs or None)``."""
 
     @abstractmethod
     def hyperplane_margin(self, p: Tensor, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:

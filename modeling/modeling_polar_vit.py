@@ -28,16 +28,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import PreTrainedModel
-from transformers import initialization as init
+from transformers import PreTrainedModel, initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
-from .geometry import asinh_exp, cosh_sinhc_sq, input_checks, perp, safe_normalize
 from .attention import select_implementation
 from .configuration_polar_vit import POSITION_AXES, PolarViTConfig
 from .fused import fused_boost_residual, fused_gyro_layer_norm, fused_polar_fc, fused_reserved_axes_encoding
+from .geometry import asinh_exp, cosh_sinhc_sq, input_checks, perp, safe_normalize
 from .manifold_ops import ManifoldOps, PolarOps, make_ops
 
 # Parameter roles (Appendix D.3), declared by each module in ``parameter_roles``:
@@ -728,7 +727,9 @@ def _check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> 
     if pixel_values is None:
         raise ValueError("You have to specify pixel_values")
     if pixel_values.dim() != 4:
-        raise ValueError(f"pixel_values must have shape (batch, channels, height, width), got {tuple(pixel_values.shape)}")
+        raise ValueError(
+            f"pixel_values must have shape (batch, channels, height, width), got {tuple(pixel_values.shape)}"
+        )
     if pixel_values.shape[1] != config.num_channels:
         raise ValueError(
             f"pixel_values has {pixel_values.shape[1]} channels but the model expects "

@@ -243,7 +243,8 @@ if TRITON_AVAILABLE:
         for start in range(0, n_k, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             tile = _tile_backward(RQ, UQ, RK, UK, RV, UV, KBAR, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m, mask_m,
-                                  offs_n, offs_n < n_k, offs_d, mask_d, rows, scale, sqrt_k, k_val, D, BLOCK_M, BLOCK_N)
+                                  offs_n, offs_n < n_k, offs_d, mask_d, rows, scale, sqrt_k, k_val, D,
+                                  BLOCK_M, BLOCK_N)
             row_dot += tl.sum(tile[0] * tile[1], axis=1)
         tl.store(ROWDOT + offs_m, row_dot, mask=mask_m)
         tl.debug_barrier()
@@ -266,7 +267,8 @@ if TRITON_AVAILABLE:
             g_chord = g_c * sinh_a[:, None] * sinh_bk[None, :]
             g_u += pq * tl.sum(g_chord, axis=1)[:, None] - tl.dot(g_chord, qk, input_precision="ieee")
         tl.store(GAQ + bh * n_q + offs_m, g_a / sqrt_k, mask=mask_m)  # outputs: offset here
-        tl.store(GUQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], g_u, mask=mask_m[:, None] & mask_d[None, :])
+        tl.store(GUQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], g_u,
+                 mask=mask_m[:, None] & mask_d[None, :])
         tl.store(GSCALE + bh * n_q + offs_m, -g_scale, mask=mask_m)
 
     @triton.jit

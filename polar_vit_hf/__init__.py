@@ -8,21 +8,21 @@ marks the classes for remote code, so ``save_pretrained`` writes a folder that a
 
 import importlib
 
-from transformers.utils import is_torchvision_available
 from transformers import (
     AutoConfig,
     AutoImageProcessor,
     AutoModel,
     AutoModelForImageClassification,
 )
+from transformers.utils import is_torchvision_available
 
 from .modeling import *  # noqa: F403 - the model classes, presets and the functional modules
-from .modeling import __all__ as _modeling_all
 from .modeling import (
     PolarViTConfig,
     PolarViTForImageClassification,
     PolarViTImageProcessor,
     PolarViTModel,
+    __all__ as _modeling_all,
 )
 
 # the re-export modules replace the star-imported ``modeling.geometry`` / ``modeling.attention``

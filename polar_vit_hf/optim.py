@@ -18,8 +18,7 @@ groups with the paper's rules.
 
 from __future__ import annotations
 
-import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +11,6 @@ from huggingface_hub import ModelCard
 from safetensors.torch import save_file
 
 import polar_vit_hf as P
-
 from polar_vit_hf.conversion.export import ExportError, export
 
 

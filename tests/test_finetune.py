@@ -18,7 +18,6 @@ import polar_vit_hf as P
 from polar_vit_hf.training.data import digits_images
 
 
-
 def make_imagefolder(root: Path, classes=(0, 1, 2), per_class=(16, 6)) -> None:
     images, labels = digits_images(32)
     for split, count in zip(("train", "test"), per_class):

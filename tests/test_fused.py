@@ -13,13 +13,15 @@ import math
 import mpmath
 import pytest
 import torch
+from test_attention import EDGE_CASES, check, make_inputs
+from test_model import SWITCHES
 from torch.autograd import gradcheck
 
 import polar_vit_hf as P
 from polar_vit_hf.modeling.fused import (
-    fused_boost_residual,
     asinh_sqrt_half,
     cosh_minus_one,
+    fused_boost_residual,
     fused_gyro_layer_norm,
     fused_polar_attention,
     fused_polar_fc,
@@ -29,9 +31,6 @@ from polar_vit_hf.modeling.fused import (
 from polar_vit_hf.modeling.geometry import asinh_exp
 from polar_vit_hf.modeling.manifold_ops import PolarOps
 from polar_vit_hf.modeling.modeling_polar_vit import RELATIVE_POSITION_CLASSES, BoostResidual, GyroLayerNorm, PolarFC
-
-from test_attention import EDGE_CASES, check, make_inputs
-from test_model import SWITCHES
 
 F64 = torch.float64
 RADII = (0.0, 0.5, 4.0, 8.0, 12.0)

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from helpers import near, random_points, unit
 from torch.autograd import gradcheck
 
-from helpers import near, random_points, unit
 from polar_vit_hf import geometry as G
 from polar_vit_hf.geometry import ambient as A
 
@@ -165,7 +165,8 @@ def test_exp_log_round_trip_and_transport_isometry():
     assert torch.allclose(G.tangent_inner(xi_r, xi_perp, xi_r, xi_perp).sqrt(), G.distance(r1, u1, r2, u2), rtol=1e-9)
     # transport preserves the norm
     z_r, z_perp = G.transport(r1, u1, r2, u2, xi_r, xi_perp)
-    assert torch.allclose(G.tangent_inner(z_r, z_perp, z_r, z_perp), G.tangent_inner(xi_r, xi_perp, xi_r, xi_perp), rtol=1e-8)
+    assert torch.allclose(G.tangent_inner(z_r, z_perp, z_r, z_perp), G.tangent_inner(xi_r, xi_perp, xi_r, xi_perp),
+                          rtol=1e-8)
 
 
 def test_gyro_left_cancellation():

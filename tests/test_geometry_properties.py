@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from polar_vit_hf import geometry as G
 from polar_vit_hf.geometry import ambient as A

@@ -16,13 +16,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from local_hub import TEST_TOKEN as HUB_TOKEN
-from local_hub import TEST_USER as HUB_USER
+from local_hub import TEST_TOKEN as HUB_TOKEN, TEST_USER as HUB_USER
 
 from polar_vit_hf.conversion.export import export
-from polar_vit_hf.conversion.verify import MARKER, folder_digest, verify
+from polar_vit_hf.conversion.verify import folder_digest, verify
 
 REPO = f"{HUB_USER}/polar-vit-digits"
+PUSH = ["-m", "polar_vit_hf.conversion.push"]
+VERIFY = ["-m", "polar_vit_hf.conversion.verify"]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,8 @@ def verified_export(digits_run, tmp_path_factory) -> Path:
     return out
 
 
-def run(args: list[str], env: dict[str, str], timeout: int = 900, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run(args: list[str], env: dict[str, str], timeout: int = 900,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"},
                           cwd=cwd, timeout=timeout)
 
@@ -47,7 +49,7 @@ def client(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def test_push_then_load_back_by_repo_id_with_and_without_the_package(local_hub, verified_export, tmp_path):
     env = local_hub.client_env(tmp_path / "hf-home", HUB_TOKEN)
-    pushed = run(["-m", "polar_vit_hf.conversion.push", str(verified_export), REPO, "--message", "Polar-ViT digits demo"], env)
+    pushed = run([*PUSH, str(verified_export), REPO, "--message", "Polar-ViT digits demo"], env)
     assert pushed.returncode == 0, pushed.stderr[-3000:]
     assert f"{local_hub.endpoint}/{REPO}/commit/" in pushed.stdout
     repo = local_hub.repos[REPO]
@@ -62,7 +64,7 @@ def test_push_then_load_back_by_repo_id_with_and_without_the_package(local_hub, 
     # from the Hub, into empty caches: snapshot_download + SHA-256 of every file, then
     # AutoModelForImageClassification.from_pretrained(REPO) and pipeline(model=REPO) with the package
     # installed and with trust_remote_code=True where it is not importable
-    checked = run(["-m", "polar_vit_hf.conversion.verify", REPO, "--source", str(verified_export)], env)
+    checked = run([*VERIFY, REPO, "--source", str(verified_export)], env)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
     assert "SHA-256 equal to" in checked.stdout
     assert checked.stdout.count(" ok") == 2, checked.stdout
@@ -73,7 +75,7 @@ def test_push_then_load_back_by_repo_id_with_and_without_the_package(local_hub, 
     assert local_hub.unhandled == []
 
     # pushing the same folder again changes nothing: unchanged files are skipped, no new commit
-    again = run(["-m", "polar_vit_hf.conversion.push", str(verified_export), REPO], env)
+    again = run([*PUSH, str(verified_export), REPO], env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert repo.branches["main"] == head.oid
 
@@ -81,7 +83,7 @@ def test_push_then_load_back_by_repo_id_with_and_without_the_package(local_hub, 
 def test_private_repo_on_a_branch_needs_the_token_and_the_revision(local_hub, verified_export, tmp_path):
     private = f"{HUB_USER}/polar-vit-private"
     with_token = local_hub.client_env(tmp_path / "home-1", HUB_TOKEN)
-    pushed = run(["-m", "polar_vit_hf.conversion.push", str(verified_export), private, "--private", "--revision", "dev"], with_token)
+    pushed = run([*PUSH, str(verified_export), private, "--private", "--revision", "dev"], with_token)
     assert pushed.returncode == 0, pushed.stderr[-3000:]
     assert local_hub.repos[private].private
     code = f"""
@@ -117,15 +119,15 @@ def test_private_repo_on_a_branch_needs_the_token_and_the_revision(local_hub, ve
 
 
 def test_push_refuses_without_a_valid_token_or_into_another_namespace(local_hub, verified_export, tmp_path):
-    no_token = run(["-m", "polar_vit_hf.conversion.push", str(verified_export), f"{HUB_USER}/x"], local_hub.client_env(tmp_path))
+    no_token = run([*PUSH, str(verified_export), f"{HUB_USER}/x"], local_hub.client_env(tmp_path))
     assert no_token.returncode == 2 and "no Hugging Face token" in no_token.stderr
-    bad = run(["-m", "polar_vit_hf.conversion.push", str(verified_export), f"{HUB_USER}/x"], local_hub.client_env(tmp_path, "hf_bad"))
+    bad = run([*PUSH, str(verified_export), f"{HUB_USER}/x"], local_hub.client_env(tmp_path, "hf_bad"))
     assert bad.returncode == 1 and "the Hub refused the upload" in bad.stderr and "401" in bad.stderr
-    foreign = run(["-m", "polar_vit_hf.conversion.push", str(verified_export), "someone-else/x"],
+    foreign = run([*PUSH, str(verified_export), "someone-else/x"],
                   local_hub.client_env(tmp_path, HUB_TOKEN))
     assert foreign.returncode == 1 and "403" in foreign.stderr
     assert f"{HUB_USER}/x" not in local_hub.repos and "someone-else/x" not in local_hub.repos
-    absent = run(["-m", "polar_vit_hf.conversion.verify", f"{HUB_USER}/absent", "--source", str(verified_export)],
+    absent = run([*VERIFY, f"{HUB_USER}/absent", "--source", str(verified_export)],
                  local_hub.client_env(tmp_path, HUB_TOKEN))
     assert absent.returncode == 1 and "FAILED" in absent.stdout and "RepositoryNotFoundError" in absent.stdout
 
@@ -164,7 +166,8 @@ def test_local_hub_error_semantics(local_hub):
     commit = f"{hub}/api/models/{HUB_USER}/semantics/commit/main"
     lines = [{"key": "header", "value": {"summary": "s"}},
              {"key": "lfsFile", "value": {"path": "w.safetensors", "algo": "sha256", "oid": "1" * 64, "size": 3}}]
-    status, _, _ = request("POST", commit, b"\n".join(json.dumps(x).encode() for x in lines), content_type="application/x-ndjson")
+    body = b"\n".join(json.dumps(x).encode() for x in lines)
+    status, _, _ = request("POST", commit, body, content_type="application/x-ndjson")
     assert status == 422
     lines = [{"key": "header", "value": {"summary": "s", "parentCommit": "f" * 40}}]
     status, _, _ = request("POST", commit, json.dumps(lines[0]).encode(), content_type="application/x-ndjson")

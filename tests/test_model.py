@@ -266,7 +266,8 @@ def test_bf16_autocast_runs_the_polar_arithmetic_in_float32():
 
 
 def test_torch_compile_matches_eager():
-    """One graph, no breaks (checked by ``torch._dynamo.explain`` during development); a 1-layer model keeps it quick."""
+    """One graph, no breaks (checked by ``torch._dynamo.explain`` during development); a 1-layer model keeps it
+    quick."""
     model = small_model(num_hidden_layers=1).eval()
     x = torch.randn(2, 3, 32, 32)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)

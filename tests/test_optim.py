@@ -9,8 +9,8 @@ import torch
 
 import polar_vit_hf as P
 from polar_vit_hf import geometry as G
-from polar_vit_hf.optim import RiemannianAdamW, param_groups
 from polar_vit_hf.benchmarks.precision_study import mp_centroid, mp_point, mp_radius
+from polar_vit_hf.optim import RiemannianAdamW, param_groups
 
 F64 = torch.float64
 

@@ -121,7 +121,8 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     double = tmp_path / "double"
     launch = (f"ip link set lo up && {sys.executable} -m accelerate.commands.launch --multi_gpu --num_processes 2 "
               f"--num_machines 1 --mixed_precision no --dynamo_backend no --main_process_port {_free_port()} "
-              f"-m polar_vit_hf.training.pretrain --output_dir {double} {' '.join(COMMON)} --max_steps 6 --save_steps 6 --eval_steps 6 --cpu")
+              f"-m polar_vit_hf.training.pretrain --output_dir {double} {' '.join(COMMON)} "
+              f"--max_steps 6 --save_steps 6 --eval_steps 6 --cpu")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
     done = subprocess.run([*prefix, "bash", "-c", launch], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -10,14 +10,14 @@ Mixup/CutMix with label smoothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
-
 
 HF_ALIASES = {"cifar100": "uoft-cs/cifar100", "cifar10": "uoft-cs/cifar10", "tiny-imagenet": "zh-plus/tiny-imagenet",
               "imagenet1k": "imagenet-1k"}
@@ -35,7 +35,8 @@ def digits_images(image_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
     return rgb.numpy(), digits.target.astype(np.int64)
 
 
-def digits_split_indices(count: int = 1797, test_fraction: float = 0.25, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def digits_split_indices(count: int = 1797, test_fraction: float = 0.25,
+                         seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``(train, test)`` indices of the seeded digits split used everywhere in the project."""
     order = np.random.default_rng(seed).permutation(count)
     n_test = int(round(test_fraction * count))

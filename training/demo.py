@@ -72,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     plot(runs, out / "curves.png")
     print(f"training curves: {out / 'curves.png'}")
 
-    import polar_vit_hf  # noqa: F401 - registers the Auto classes
     from PIL import Image
     from transformers import pipeline
 
+    import polar_vit_hf  # noqa: F401 - registers the Auto classes
     from polar_vit_hf.training.data import digits_images, digits_split_indices
 
     # trust_remote_code=False: the package is installed, so its registered classes are used (and

@@ -25,7 +25,6 @@ import json
 import math
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -52,7 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save_steps", type=int)
     parser.add_argument("--eval_steps", type=int)
     parser.add_argument("--stop_after_steps", type=int, help="exit cleanly right after the checkpoint at this step")
-    parser.add_argument("--resume", nargs="?", const="latest", help="continue from the newest (or the given) checkpoint")
+    parser.add_argument("--resume", nargs="?", const="latest",
+                        help="continue from the newest (or the given) checkpoint")
     parser.add_argument("--dataset", help="HF dataset name, 'imagefolder' or 'digits'")
     parser.add_argument("--data_dir")
     parser.add_argument("--batch_size", type=int, help="global batch size (split across processes)")
@@ -60,9 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float)
     parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"))
     parser.add_argument("--num_workers", type=int, default=0)
-    parser.add_argument("--init_from", help="start from pretrained weights: a Polar-ViT folder, or for --arch euclidean "
-                        "a transformers ViTForImageClassification folder / Hub id (the head is re-initialised when "
-                        "the labels differ)")
+    parser.add_argument("--init_from", help="start from pretrained weights: a Polar-ViT folder, or for --arch "
+                        "euclidean a transformers ViTForImageClassification folder / Hub id (the head is "
+                        "re-initialised when the labels differ)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
     parser.add_argument("--no_progress", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -101,7 +101,8 @@ def build_model(recipe: dict, arch: str, id2label: dict[int, str], init_from: st
     import polar_vit_hf as P
     from polar_vit_hf.baselines import euclidean_vit
 
-    overrides = {k: v for k, v in recipe["model"].items() if k not in ("preset", "calibrate_radius", "calibrate_images")}
+    not_config = ("preset", "calibrate_radius", "calibrate_images")
+    overrides = {k: v for k, v in recipe["model"].items() if k not in not_config}
     config = P.PolarViTConfig.from_preset(recipe["model"]["preset"], image_size=recipe["data"]["image_size"],
                                           id2label=id2label, label2id={v: k for k, v in id2label.items()},
                                           **overrides)
@@ -192,7 +193,8 @@ def load_checkpoint(accelerator: Accelerator, path: Path, expected: str) -> dict
     try:
         accelerator.load_state(str(path))
     except Exception as error:  # noqa: BLE001 - any failure to deserialise is reported as such
-        raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: {type(error).__name__}: {error}") from error
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or incomplete: {type(error).__name__}: {error}") from error
     return state
 
 
@@ -350,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             state["step"] += 1
             step = state["step"]
             mean_loss = float(accelerator.gather(loss.detach().reshape(1)).mean())
-            row = dict(step=step, epoch=state["epoch"], loss=mean_loss, lr=scheduler.get_last_lr()[0], eval_accuracy="")
+            row = dict(step=step, epoch=state["epoch"], loss=mean_loss, lr=scheduler.get_last_lr()[0],
+                       eval_accuracy="")
             if step % int(optim.get("eval_steps", max_steps)) == 0 or step == max_steps:
                 accuracy = evaluate(model, eval_loader, accelerator)
                 row["eval_accuracy"] = accuracy

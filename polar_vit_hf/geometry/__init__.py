@@ -5,6 +5,7 @@
 
 from polar_vit_hf.modeling.geometry import *  # noqa: F401,F403
 from polar_vit_hf.modeling.geometry import __all__ as _polar_all
+
 from . import ambient
 
 __all__ = [*_polar_all, "ambient"]
