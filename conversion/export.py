@@ -22,15 +22,16 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 from pathlib import Path
 
 import torch
 
+from polar_vit_hf.cli import UserError, add_debug_flag, command
+
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError):
     """The source cannot be exported (unknown layout, refused pickle, mismatched weights)."""
 
 
@@ -212,8 +213,10 @@ def export(source: Path, out_dir: Path, repo_id: str | None = None, config_spec:
     return out_dir
 
 
+@command("polar-vit-export")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_debug_flag(parser)
     parser.add_argument("source", type=Path)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--repo_id")
@@ -224,12 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", help="dataset name for the card (default: the run's recipe)")
     parser.add_argument("--split", help="split the recorded accuracy was measured on (default: the run's, or test)")
     args = parser.parse_args(argv)
-    try:
-        out = export(args.source, args.out_dir, args.repo_id, args.config, args.allow_pickle, args.max_shard_size,
-                     args.which, args.dataset, args.split)
-    except ExportError as error:
-        print(f"export: {error}", file=sys.stderr)
-        return 2
+    out = export(args.source, args.out_dir, args.repo_id, args.config, args.allow_pickle, args.max_shard_size,
+                 args.which, args.dataset, args.split)
     print(f"exported to {out}: {sorted(p.name for p in out.iterdir())}")
     return 0
 

@@ -16,10 +16,11 @@ import json
 import sys
 from pathlib import Path
 
+from polar_vit_hf.cli import UserError, add_debug_flag, command
 from polar_vit_hf.conversion.verify import MARKER, folder_digest
 
 
-class PushError(RuntimeError):
+class PushError(UserError):
     """The folder may not be pushed."""
 
 
@@ -85,8 +86,10 @@ def publish(source: Path, repo_id: str | None = None, private: bool = False, rev
     return True
 
 
+@command("polar-vit-push")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_debug_flag(parser)
     parser.add_argument("folder", type=Path)
     parser.add_argument("repo_id")
     parser.add_argument("--private", action="store_true")
@@ -98,9 +101,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         push(args.folder, args.repo_id, args.private, args.revision, args.message, args.dry_run)
-    except PushError as error:
-        print(f"push: {error}", file=sys.stderr)
-        return 2
     except HfHubHTTPError as error:
         print(f"push: the Hub refused the upload to {args.repo_id}: {error}", file=sys.stderr)
         return 1

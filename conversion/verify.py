@@ -39,6 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from polar_vit_hf.cli import UserError, add_debug_flag, command
+
 MARKER = ".polar_vit_verified.json"
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -118,6 +120,17 @@ def check_hub_files(repo_id: str, revision: str | None, source: Path, workdir: P
     return not differ
 
 
+def check_export_folder(folder: Path) -> None:
+    """A folder ``verify`` can load: ``config.json`` and safetensors weights (single file or sharded index)."""
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such folder")
+    if not (folder / "config.json").exists():
+        raise UserError(f"{folder}: no config.json - not an exported model folder (make one with polar-vit-export)")
+    if not (any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").exists()):
+        raise UserError(f"{folder}: no model weights (model.safetensors or a sharded index) - export the checkpoint "
+                        f"with polar-vit-export first")
+
+
 def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e-5,
            revision: str | None = None) -> bool:
     """Load ``target`` (an export folder, or a pushed repo id with ``source``) both ways; see the module doc."""
@@ -126,8 +139,10 @@ def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e
 
     from_hub = is_repo_id(target)
     if from_hub and source is None:
-        raise ValueError(f"{target} is not a local folder; verifying a Hub repo needs --source (the exported folder)")
+        raise UserError(f"{target} is not a local folder; verifying a Hub repo needs --source (the exported folder)")
     folder = Path(source if from_hub else target)
+    if not from_hub:
+        check_export_folder(folder)
     model = (load_source(source, None, False)[0] if source
              else P.PolarViTForImageClassification.from_pretrained(folder))
     model.eval()
@@ -182,8 +197,10 @@ def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e
     return ok
 
 
+@command("polar-vit-verify")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_debug_flag(parser)
     parser.add_argument("target", help="an exported folder, or the repo id it was pushed to")
     parser.add_argument("--source", type=Path, help="the checkpoint (or, for a repo id, the folder) it came from")
     parser.add_argument("--revision", help="branch or commit of a Hub repo")

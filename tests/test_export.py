@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -40,9 +41,10 @@ def test_export_a_pretraining_run_with_its_model_card(run_dir, tmp_path):
     assert data.license == "apache-2.0" and {"hyperbolic", "vision-transformer"} <= set(data.tags)
     assert data.datasets == ["digits"]
     (result,) = data.eval_results
-    metrics = [r for r in (run_dir / "metrics.csv").read_text().splitlines()[1:] if r.split(",")[-1]]
+    with open(run_dir / "metrics.csv") as handle:
+        evaluated = [row for row in csv.DictReader(handle) if row["eval_accuracy"]]
     assert result.metric_type == "accuracy" and result.dataset_split == "test"
-    assert abs(result.metric_value - float(metrics[-1].split(",")[-1])) < 1e-6
+    assert abs(result.metric_value - float(evaluated[-1]["eval_accuracy"])) < 1e-6
     assert "k = 1.0" in card.text and "trust_remote_code=True" in card.text and "@article" in card.text
 
 

@@ -90,12 +90,12 @@ def test_corrupt_or_mismatched_checkpoints_are_errors_not_restarts(uninterrupted
     shutil.rmtree(out / "checkpoints" / "step_12")  # resume from step 6
     (out / "checkpoints" / "step_6" / "model.safetensors").write_bytes(b"garbage")
     done = run(out, "--resume", check=False)
-    assert done.returncode != 0
-    assert "CheckpointError" in done.stderr and "corrupt or incomplete" in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "polar-vit-pretrain: error: checkpoint" in done.stderr and "corrupt or incomplete" in done.stderr
     mismatched = run(out, "--resume", "--seed", "1", check=False)
-    assert mismatched.returncode != 0 and "different run" in mismatched.stderr
+    assert mismatched.returncode == 2 and "different run" in mismatched.stderr
     fresh = run(out, check=False)  # no --resume on a folder with checkpoints: refuse to overwrite
-    assert fresh.returncode != 0 and "already holds checkpoints" in fresh.stderr
+    assert fresh.returncode == 2 and "already holds checkpoints" in fresh.stderr
 
 
 def _free_port() -> int:

@@ -6,18 +6,39 @@ digits: 1797 grey 8 x 8 images of 10 classes that ship inside scikit-learn, upsa
 image of ``image_size`` pixels; the offline default).  Augmentation uses torchvision's v2
 transforms (random resized crop, flip, AutoAugment / RandAugment, random erasing) and timm's
 Mixup/CutMix with label smoothing.
+
+Bad data never kills a run: an image that cannot be decoded (or has zero size) is skipped - the
+next readable index of the split takes its place, so batches keep their size and the order stays
+deterministic (``--resume`` is exact) - with a warning and a line in ``bad_samples.txt``; past
+``max_bad_fraction`` of what was read (after ``MIN_READS_FOR_THRESHOLD`` reads) the run stops with
+:class:`BadSampleError`.  Greyscale, palette, RGBA, CMYK and 16-bit images are converted to 8-bit RGB.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
+
+from polar_vit_hf.cli import UserError
+
+# what decoding a broken image raises: PIL.UnidentifiedImageError and truncated files are OSErrors, some
+# decoders raise ValueError / SyntaxError
+BAD_IMAGE_ERRORS = (OSError, ValueError, SyntaxError)
+DEFAULT_MAX_BAD_FRACTION = 0.01
+MIN_READS_FOR_THRESHOLD = 100  # the fraction of bad images is judged once this many have been read
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+
+
+class BadSampleError(UserError):
+    """Too many unreadable images: the data set itself is broken."""
 
 HF_ALIASES = {"cifar100": "uoft-cs/cifar100", "cifar10": "uoft-cs/cifar10", "tiny-imagenet": "zh-plus/tiny-imagenet",
               "imagenet1k": "imagenet-1k"}
@@ -43,6 +64,26 @@ def digits_split_indices(count: int = 1797, test_fraction: float = 0.25,
     return order[n_test:], order[:n_test]
 
 
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Decode ``image`` and convert it to 8-bit RGB (greyscale, palette, RGBA, CMYK, 16-bit and float images).
+
+    Raises ``ValueError`` for a zero-size image and what PIL raises for an undecodable one.
+    """
+    image.load()  # decode now: a broken file fails here, inside the bad-sample guard
+    if image.width == 0 or image.height == 0:
+        raise ValueError(f"zero-size image ({image.width} x {image.height})")
+    if image.mode in (*SIXTEEN_BIT_MODES, "I", "F"):
+        values = np.asarray(image, dtype=np.float64)
+        if image.mode in SIXTEEN_BIT_MODES or (image.mode == "I" and values.max() > 255):
+            top = 65535.0
+        elif image.mode == "F" and values.max() <= 1.0:
+            top = 1.0
+        else:
+            top = max(255.0, float(values.max()))
+        image = Image.fromarray(np.clip(np.rint(values / top * 255.0), 0, 255).astype(np.uint8))
+    return image.convert("RGB")
+
+
 @dataclass
 class ClassificationData:
     train: Dataset
@@ -51,17 +92,56 @@ class ClassificationData:
 
 
 class TransformedDataset(Dataset):
-    """``(image, label)`` pairs from ``get(index)``, images passed through ``transform``."""
+    """``(image, label)`` pairs from ``get(index)``, images converted to RGB and passed through ``transform``.
 
-    def __init__(self, length: int, get: Callable[[int], tuple[Image.Image, int]], transform: Callable):
+    An unreadable image is skipped: the next readable index takes its place (deterministic), a
+    warning names it (``describe(index)``, e.g. its path) and a line goes to ``bad_sample_log``
+    when set; :class:`BadSampleError` once more than ``max_bad_fraction`` of the reads failed.
+    """
+
+    def __init__(self, length: int, get: Callable[[int], tuple[Image.Image, int]], transform: Callable,
+                 describe: Callable[[int], str] | None = None, max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
+                 bad_sample_log: Path | None = None):
         self.length, self.get, self.transform = length, get, transform
+        self.describe = describe or (lambda index: f"index {index}")
+        self.max_bad_fraction, self.bad_sample_log = float(max_bad_fraction), bad_sample_log
+        self.reads = self.bad = 0  # per process (each DataLoader worker counts its own)
+
+    def with_transform(self, transform: Callable) -> TransformedDataset:
+        """The same images through another transform."""
+        return TransformedDataset(self.length, self.get, transform, self.describe, self.max_bad_fraction,
+                                  self.bad_sample_log)
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = self.get(int(index))
-        return self.transform(image.convert("RGB")), int(label)
+        for offset in range(self.length):
+            position = (int(index) + offset) % self.length
+            self.reads += 1
+            try:
+                image, label = self.get(position)
+                image = to_rgb(image)
+            except BAD_IMAGE_ERRORS as error:
+                self._skip(position, error)
+                continue
+            return self.transform(image), int(label)
+        raise BadSampleError(f"none of the {self.length} images could be read; see {self.bad_sample_log}")
+
+    def _skip(self, position: int, error: Exception) -> None:
+        self.bad += 1
+        where = self.describe(position)
+        reason = f"{type(error).__name__}: {error}".replace("\n", " ")
+        warnings.warn(f"skipping an unreadable image ({where}): {reason}", stacklevel=2)
+        if self.bad_sample_log is not None:
+            with open(self.bad_sample_log, "a") as handle:
+                handle.write(f"{where}\t{reason}\n")
+        if self.reads >= MIN_READS_FOR_THRESHOLD and self.bad > self.max_bad_fraction * self.reads:
+            raise BadSampleError(
+                f"{self.bad} of the last {self.reads} images read could not be decoded (more than "
+                f"{self.max_bad_fraction:.1%}): the data set looks broken. The files are listed in "
+                f"{self.bad_sample_log}; repair or remove them, or allow more with --max_bad_fraction"
+            )
 
 
 def build_transforms(image_size: int, augment: dict[str, Any], train: bool):
@@ -100,52 +180,100 @@ def build_mixup(augment: dict[str, Any], num_classes: int):
                  num_classes=num_classes)
 
 
-def _digits(image_size: int, seed: int = 0) -> tuple[Callable, Callable, int, int, dict[int, str]]:
+@dataclass
+class _Split:
+    """Raw access to one split: ``get(i) -> (PIL image, label)`` and ``describe(i)`` for messages."""
+
+    get: Callable[[int], tuple[Image.Image, int]]
+    describe: Callable[[int], str]
+    length: int
+
+
+def _digits(image_size: int, seed: int = 0) -> tuple[_Split, _Split, dict[int, str]]:
     images, labels = digits_images(image_size)
     train, test = digits_split_indices(len(labels), seed=seed)
 
-    def getter(indices):
-        return lambda i: (Image.fromarray(images[indices[i]]), int(labels[indices[i]]))
+    def split(indices) -> _Split:
+        return _Split(lambda i: (Image.fromarray(images[indices[i]]), int(labels[indices[i]])),
+                      lambda i: f"digits image {indices[i]}", len(indices))
 
-    return getter(train), getter(test), len(train), len(test), {i: str(i) for i in range(10)}
+    return split(train), split(test), {i: str(i) for i in range(10)}
 
 
-def _hf(name: str, data_dir: str | None, train_split: str, eval_split: str):
+def _load_hf(name: str, data_dir: str | None):
+    """``datasets.load_dataset`` with the user's mistakes turned into :class:`UserError`."""
     import datasets
+    from datasets.exceptions import DatasetNotFoundError
 
     if name == "imagefolder":
         if not data_dir:
-            raise ValueError("dataset 'imagefolder' needs --data_dir (layout: data_dir/<split>/<label>/<image>)")
-        loaded = datasets.load_dataset("imagefolder", data_dir=data_dir)
-    else:
-        loaded = datasets.load_dataset(HF_ALIASES.get(name, name), data_dir=data_dir)
+            raise UserError("dataset 'imagefolder' needs --data_dir DIR (layout: DIR/<split>/<label>/<image>)")
+        if not Path(data_dir).is_dir():
+            raise UserError(f"--data_dir {data_dir}: no such directory "
+                            f"(an imagefolder is DIR/<split>/<label>/<image>)")
+        try:
+            return datasets.load_dataset("imagefolder", data_dir=data_dir)
+        except FileNotFoundError as error:  # EmptyDatasetError is one
+            raise UserError(f"--data_dir {data_dir}: no images found ({error}); expected "
+                            f"DIR/<split>/<label>/<image>") from None
+    repo = HF_ALIASES.get(name, name)
+    try:
+        return datasets.load_dataset(repo, data_dir=data_dir)
+    except (ConnectionError, DatasetNotFoundError, FileNotFoundError) as error:
+        raise UserError(
+            f"dataset {repo!r} could not be loaded ({type(error).__name__}: {str(error).splitlines()[0]}): it is "
+            f"not in the local cache and the Hub is not reachable (offline?). Download it once with network "
+            f"access, or train on local images with --dataset imagefolder --data_dir DIR"
+        ) from None
+
+
+def _hf(name: str, data_dir: str | None, train_split: str, eval_split: str) -> tuple[_Split, _Split, dict]:
+    import datasets
+
+    loaded = _load_hf(name, data_dir)
     for split in (train_split, eval_split):
         if split not in loaded:
-            raise ValueError(f"dataset {name!r} has no split {split!r}; it has {sorted(loaded)}")
+            raise UserError(f"dataset {name!r} has no split {split!r}; it has {sorted(loaded)} "
+                            f"(choose with --train_split / --eval_split)")
     features = loaded[train_split].features
     image_key = next((k for k, f in features.items() if isinstance(f, datasets.Image)), None)
     label_key = next((k for k, f in features.items() if isinstance(f, datasets.ClassLabel)), None)
     if image_key is None or label_key is None:
-        raise ValueError(f"dataset {name!r} needs an Image and a ClassLabel column, it has {dict(features)}")
+        raise UserError(f"dataset {name!r} needs an Image and a ClassLabel column, it has {dict(features)}")
     names = features[label_key].names
 
-    def getter(split):
-        table = loaded[split]
-        return lambda i: (table[i][image_key], table[i][label_key])
+    def split(name_: str) -> _Split:
+        table = loaded[name_]
+        undecoded = table.cast_column(image_key, datasets.Image(decode=False))
 
-    return (getter(train_split), getter(eval_split), len(loaded[train_split]), len(loaded[eval_split]),
-            dict(enumerate(names)))
+        def describe(i: int) -> str:
+            path = undecoded[i][image_key].get("path")
+            return f"{name_}[{i}]" + (f" {path}" if path else "")
+
+        return _Split(lambda i: (table[i][image_key], table[i][label_key]), describe, len(table))
+
+    return split(train_split), split(eval_split), dict(enumerate(names))
 
 
 def build_data(dataset: str, image_size: int, augment: dict[str, Any], data_dir: str | None = None,
-               train_split: str = "train", eval_split: str = "test") -> ClassificationData:
+               train_split: str = "train", eval_split: str = "test",
+               max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, bad_sample_log: Path | None = None,
+               ) -> ClassificationData:
     """Train and held-out datasets with their transforms, and ``id2label``."""
     if dataset == "digits":
-        get_train, get_eval, n_train, n_eval, id2label = _digits(image_size)
+        train, held_out, id2label = _digits(image_size)
     else:
-        get_train, get_eval, n_train, n_eval, id2label = _hf(dataset, data_dir, train_split, eval_split)
-    return ClassificationData(
-        TransformedDataset(n_train, get_train, build_transforms(image_size, augment, train=True)),
-        TransformedDataset(n_eval, get_eval, build_transforms(image_size, augment, train=False)),
-        id2label,
-    )
+        train, held_out, id2label = _hf(dataset, data_dir, train_split, eval_split)
+
+    def wrap(split: _Split, is_train: bool) -> TransformedDataset:
+        return TransformedDataset(split.length, split.get, build_transforms(image_size, augment, train=is_train),
+                                  split.describe, max_bad_fraction, bad_sample_log)
+
+    return ClassificationData(wrap(train, True), wrap(held_out, False), id2label)
+
+
+def unique_bad_samples(log: Path) -> list[str]:
+    """The distinct entries of a ``bad_samples.txt`` (each unreadable file once, in first-seen order)."""
+    if not log.exists():
+        return []
+    return list(dict.fromkeys(line.rstrip("\n") for line in log.read_text().splitlines() if line.strip()))

@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+from polar_vit_hf.cli import add_debug_flag, command
 from polar_vit_hf.training import pretrain
 
 
@@ -53,8 +54,10 @@ def run_digits(arch: str, output_dir: Path, max_steps: int = 200, extra: list[st
     return read_metrics(output_dir)
 
 
+@command("polar-vit-demo")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    add_debug_flag(parser)
     parser.add_argument("--output_dir", default="outputs/demo")
     parser.add_argument("--max_steps", type=int, default=200)
     args = parser.parse_args(argv)

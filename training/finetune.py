@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from transformers import Trainer, TrainingArguments
 
+from polar_vit_hf.cli import UserError, add_debug_flag, command
+
 METRICS = Path(__file__).resolve().parent / "metrics"
 DATASETS = {"cub": "bentrevett/caltech-ucsd-birds-200-2011", "aircraft": "HuggingFaceM4/FGVC-Aircraft"}
 
@@ -62,7 +64,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hub_model_id", help="repo id to push to (default: <your user>/<output_dir name>)")
     parser.add_argument("--hub_private", action="store_true")
     parser.add_argument("--trust_remote_code", action="store_true")
+    parser.add_argument("--max_bad_fraction", type=float, default=0.01,
+                        help="stop when more than this fraction of the images read cannot be decoded")
+    add_debug_flag(parser)
     return parser.parse_args(argv)
+
+
+def looks_like_a_path(name: str) -> bool:
+    """A local path rather than a Hub id (``namespace/name``): absolute, relative (``./``, ``~``) or deeper."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def load_config(name: str, trust_remote_code: bool):
+    """The config of ``--model``: a local folder, or a Hub repo id; the user's mistakes as :class:`UserError`."""
+    import polar_vit_hf as P
+
+    folder = Path(name).expanduser()
+    if folder.exists() or looks_like_a_path(name):
+        if not folder.is_dir():
+            raise UserError(f"--model {name}: no such folder (a save_pretrained folder or a Hub id namespace/name)")
+        if not (folder / "config.json").exists():
+            raise UserError(f"--model {name}: the folder has no config.json (not a save_pretrained folder)")
+    try:
+        return P.PolarViTConfig.from_pretrained(str(folder) if folder.exists() else name,
+                                                trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise UserError(f"--model {name}: could not load it ({str(error).splitlines()[0]}); give a local "
+                        f"save_pretrained folder, or a Hub id that is cached or reachable") from None
 
 
 def build_transforms(image_size: int, args: argparse.Namespace, train: bool):
@@ -115,6 +143,7 @@ class SoftTargetTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
 
+@command("polar-vit-finetune")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import evaluate
@@ -122,14 +151,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import polar_vit_hf as P
     from polar_vit_hf.optim import RiemannianAdamW, param_groups
-    from polar_vit_hf.training.data import TransformedDataset, build_data
+    from polar_vit_hf.training.data import build_data
+    from polar_vit_hf.training.pretrain import prepare_output_dir
 
-    config = P.PolarViTConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+    config = load_config(args.model, args.trust_remote_code)
     image_size = config.image_size  # fine-tune at the pretraining resolution (224 for the ImageNet models)
     dataset = DATASETS.get(args.dataset, args.dataset)
-    raw = build_data(dataset, image_size, {}, args.data_dir, args.train_split, args.eval_split)
-    train = TransformedDataset(raw.train.length, raw.train.get, build_transforms(image_size, args, True))
-    held_out = TransformedDataset(raw.eval.length, raw.eval.get, build_transforms(image_size, args, False))
+    output_dir = Path(args.output_dir)
+    prepare_output_dir(output_dir)
+    raw = build_data(dataset, image_size, {}, args.data_dir, args.train_split, args.eval_split,
+                     args.max_bad_fraction, output_dir / "bad_samples.txt")
+    train = raw.train.with_transform(build_transforms(image_size, args, True))
+    held_out = raw.eval.with_transform(build_transforms(image_size, args, False))
     id2label = raw.id2label
     model = P.PolarViTForImageClassification.from_pretrained(
         args.model, id2label=id2label, label2id={v: k for k, v in id2label.items()},

@@ -14,12 +14,20 @@ mismatched checkpoint is an error, never a silent restart.  ``--stop_after_steps
 cleanly right after the checkpoint at step N (as a scheduler's preemption would).  Metrics go to
 ``metrics.csv``, TensorBoard (``tensorboard/``) and ``curves.png``; the final and the best model
 are exported with ``save_pretrained`` to ``model/`` and ``best_model/``.
+
+When something goes wrong: a mistake in the input (path, dataset, ``--set``, output folder) ends
+with exit status 2 and a short message (``--debug`` shows the traceback); an unreadable image is
+skipped and listed in ``bad_samples.txt`` (the run stops past ``--max_bad_fraction``); an optimizer
+step with a non-finite loss, gradient or update is skipped and logged (the run stops after
+``--max_nonfinite_steps`` in a row, weights untouched); a checkpoint that cannot be written leaves
+the previous one intact and stops the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import json
 import math
@@ -33,12 +41,21 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 
+from polar_vit_hf.cli import UserError, add_debug_flag, command
+
 RECIPES = Path(__file__).resolve().parent / "recipes"
-CSV_FIELDS = ["step", "epoch", "loss", "lr", "eval_accuracy"]
+CSV_FIELDS = ["step", "epoch", "loss", "lr", "eval_accuracy", "skipped"]
+# keys a recipe section may hold besides those of the shipped recipes (read with defaults)
+OPTIONAL_RECIPE_KEYS = {"model": {"calibrate_radius", "calibrate_images"}, "data": {"train_split", "eval_split"},
+                        "optim": {"epochs", "warmup_epochs", "warmup_steps", "max_steps", "eval_steps", "save_steps"}}
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be resumed from (corrupt, incomplete, or from another run)."""
+class CheckpointError(UserError):
+    """A checkpoint that cannot be resumed from (corrupt, incomplete, from another run) or written."""
+
+
+class DivergedError(UserError):
+    """Too many optimizer steps in a row with a non-finite loss, gradient or update."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no_progress", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any recipe entry, e.g. --set augment.mixup=0 --set model.k=0.5")
+    parser.add_argument("--max_bad_fraction", type=float, default=0.01,
+                        help="stop when more than this fraction of the images read cannot be decoded")
+    parser.add_argument("--max_nonfinite_steps", type=int, default=5,
+                        help="stop after this many steps in a row with a non-finite loss, gradient or update")
+    add_debug_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -74,8 +96,24 @@ def load_recipe(name: str) -> dict:
     path = Path(name) if name.endswith((".yaml", ".yml")) else RECIPES / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in RECIPES.glob("*.yaml"))
-        raise SystemExit(f"recipe {name!r} not found (known: {known})")
-    return yaml.safe_load(path.read_text())
+        raise UserError(f"--recipe {name}: not found (known: {known}, or a path to a .yaml file)")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise UserError(f"--recipe {path}: not valid YAML ({error})") from None
+
+
+def allowed_recipe_keys(section: str) -> set[str]:
+    """Keys ``--set`` accepts in ``section``: those of the shipped recipes, the optional ones and, for ``model``,
+    every ``PolarViTConfig`` field."""
+    keys = set(OPTIONAL_RECIPE_KEYS.get(section, ()))
+    for path in RECIPES.glob("*.yaml"):
+        keys |= set((yaml.safe_load(path.read_text()) or {}).get(section) or {})
+    if section == "model":
+        import polar_vit_hf as P
+
+        keys |= set(P.PolarViTConfig.__annotations__)
+    return keys
 
 
 def apply_overrides(recipe: dict, args: argparse.Namespace) -> dict:
@@ -88,11 +126,18 @@ def apply_overrides(recipe: dict, args: argparse.Namespace) -> dict:
     if args.mixed_precision:
         recipe["mixed_precision"] = args.mixed_precision
     for item in args.set:
-        dotted, _, raw = item.partition("=")
+        dotted, equals, raw = item.partition("=")
         section, _, key = dotted.partition(".")
-        if not key or section not in recipe:
-            raise SystemExit(f"--set {item!r}: expected SECTION.KEY=VALUE with SECTION in {sorted(recipe)}")
-        recipe[section][key] = yaml.safe_load(raw)
+        if not equals or not key or not isinstance(recipe.get(section), dict):
+            sections = sorted(k for k, v in recipe.items() if isinstance(v, dict))
+            raise UserError(f"--set {item!r}: expected SECTION.KEY=VALUE with SECTION in {sections}")
+        if key not in allowed_recipe_keys(section):
+            raise UserError(f"--set {item!r}: {section} has no setting {key!r} "
+                            f"(known: {', '.join(sorted(allowed_recipe_keys(section)))})")
+        try:
+            recipe[section][key] = yaml.safe_load(raw)
+        except yaml.YAMLError as error:
+            raise UserError(f"--set {item!r}: the value is not valid YAML ({error})") from None
     return recipe
 
 
@@ -103,9 +148,12 @@ def build_model(recipe: dict, arch: str, id2label: dict[int, str], init_from: st
 
     not_config = ("preset", "calibrate_radius", "calibrate_images")
     overrides = {k: v for k, v in recipe["model"].items() if k not in not_config}
-    config = P.PolarViTConfig.from_preset(recipe["model"]["preset"], image_size=recipe["data"]["image_size"],
-                                          id2label=id2label, label2id={v: k for k, v in id2label.items()},
-                                          **overrides)
+    try:
+        config = P.PolarViTConfig.from_preset(recipe["model"]["preset"], image_size=recipe["data"]["image_size"],
+                                              id2label=id2label, label2id={v: k for k, v in id2label.items()},
+                                              **overrides)
+    except (ValueError, TypeError) as error:
+        raise UserError(f"invalid model settings (recipe / --set model.*): {error}") from None
     if init_from is None:
         return (euclidean_vit(config) if arch == "euclidean" else P.PolarViTForImageClassification(config)), config
     from transformers import ViTForImageClassification
@@ -198,21 +246,88 @@ def load_checkpoint(accelerator: Accelerator, path: Path, expected: str) -> dict
     return state
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: dict) -> Path:
-    """Write the full training state atomically (temporary folder, then rename)."""
+def check_finite_weights(model, where: str) -> None:
+    """Refuse to write weights that hold NaN/Inf (an internal error: non-finite steps are never applied)."""
+    bad = [name for name, param in model.named_parameters() if not bool(torch.isfinite(param).all())]
+    if bad:
+        raise RuntimeError(f"refusing to write {where}: {len(bad)} parameters hold NaN/Inf ({bad[:3]})")
+
+
+def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: dict, model) -> Path:
+    """Write the full training state atomically (temporary folder, then rename).
+
+    A write that fails (disk full, permissions) removes the partial folder, keeps the previous
+    checkpoint as it was and raises :class:`CheckpointError`.
+    """
     final = output_dir / "checkpoints" / f"step_{state['step']}"
     partial = final.with_name(final.name + ".partial")
+    check_finite_weights(model, f"checkpoint {final.name}")
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(partial))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (partial / "trainer_state.json").write_text(json.dumps(state, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
+    def write() -> None:
+        accelerator.save_state(str(partial))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            (partial / "trainer_state.json").write_text(json.dumps(state, indent=2))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(partial, final)
+
+    write_or_stop(f"checkpoint {final.name} to {final.parent}", output_dir, write, cleanup=partial)
     accelerator.wait_for_everyone()
     return final
+
+
+def write_or_stop(what: str, output_dir: Path, write, cleanup: Path | None = None) -> None:
+    """Run ``write()``; if it fails (disk full, permissions) remove ``cleanup`` and raise :class:`CheckpointError`
+    saying which checkpoint is still intact."""
+    try:
+        write()
+    except Exception as error:  # noqa: BLE001 - every failure to write is reported the same way
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        previous = [p.name for p in checkpoints(output_dir)]
+        kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "there is no earlier checkpoint"
+        raise CheckpointError(f"could not write {what} ({type(error).__name__}: {error}); {kept} - free space or "
+                              f"fix permissions, then continue with --resume") from None
+
+
+def guarded_step(optimizer, model) -> bool:
+    """``optimizer.step()``, unless the update itself overflows (finite gradients, an absurd step): then the
+    weights are put back as they were and ``False`` is returned, so no NaN/Inf ever reaches them."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    try:
+        optimizer.step()
+        finite = all(bool(torch.isfinite(p).all()) for p in params)
+    except ValueError as error:  # the geometry's input checks meeting an overflowing manifold update
+        if "NaN or Inf" not in str(error):
+            raise
+        finite = False
+    if not finite:
+        with torch.no_grad():
+            for param, old in zip(params, before):
+                param.copy_(old)
+    return finite
+
+
+def gradients_finite(model) -> bool:
+    """Whether every gradient is finite (after DDP's all-reduce: the same answer on every process)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
+
+
+def prepare_output_dir(output_dir: Path) -> None:
+    """Create ``output_dir`` or explain why it cannot be used."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UserError(f"--output_dir {output_dir}: exists and is not a directory; choose another --output_dir")
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UserError(f"--output_dir {output_dir}: cannot write there ({error.strerror or error})") from None
 
 
 @torch.no_grad()
@@ -262,10 +377,12 @@ def plot_curves(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+@command("polar-vit-pretrain")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     recipe = apply_overrides(load_recipe(args.recipe), args)
     output_dir = Path(args.output_dir)
+    prepare_output_dir(output_dir)
     optim = recipe["optim"]
     accelerator = Accelerator(
         cpu=args.cpu,
@@ -277,19 +394,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     existing = checkpoints(output_dir)
     if existing and not args.resume:
-        raise SystemExit(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume to continue "
-                         f"or choose another --output_dir")
+        raise UserError(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume to continue "
+                        f"or choose another --output_dir")
     set_seed(args.seed)
-    from polar_vit_hf.training.data import build_data, build_mixup
+    from polar_vit_hf.training.data import build_data, build_mixup, unique_bad_samples
 
+    bad_log = output_dir / "bad_samples.txt"
     data = build_data(recipe["data"]["dataset"], recipe["data"]["image_size"], recipe["augment"], args.data_dir,
-                      recipe["data"].get("train_split", "train"), recipe["data"].get("eval_split", "test"))
+                      recipe["data"].get("train_split", "train"), recipe["data"].get("eval_split", "test"),
+                      args.max_bad_fraction, bad_log)
     model, config = build_model(recipe, args.arch, data.id2label, args.init_from)
     calibrate(model, recipe, args.arch, data.train, accelerator)
     optimizer = build_optimizer(model, args.arch, optim)
     batch = int(optim["batch_size"])
     if batch % accelerator.num_processes:
-        raise SystemExit(f"batch_size={batch} must be divisible by the {accelerator.num_processes} processes")
+        raise UserError(f"batch_size={batch} must be divisible by the {accelerator.num_processes} processes")
     train_loader = DataLoader(data.train, batch_size=batch, shuffle=True, drop_last=True,
                               num_workers=args.num_workers)
     eval_loader = DataLoader(data.eval, batch_size=batch, shuffle=False, num_workers=args.num_workers)
@@ -302,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     smoothing = float(recipe["augment"].get("label_smoothing", 0.0))
     expected = fingerprint(recipe, args.arch, args.seed, accelerator.num_processes)
 
-    state = dict(step=0, epoch=0, batch_in_epoch=0, best_accuracy=None, fingerprint=expected)
+    state = dict(step=0, epoch=0, batch_in_epoch=0, best_accuracy=None, fingerprint=expected, nonfinite_in_a_row=0)
     metrics_path = output_dir / "metrics.csv"
     rows: list[dict] = []
     if args.resume:
@@ -343,9 +462,14 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     loss = criterion(model(pixel_values=pixel_values).logits, labels)
                 accelerator.backward(loss)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                skipped = False
+                if accelerator.sync_gradients:
+                    # a non-finite loss, gradient or update never reaches the weights (the same decision on every
+                    # process: gradients are all-reduced, the loss is gathered)
+                    loss_finite = bool(torch.isfinite(accelerator.gather(loss.detach().reshape(1))).all())
+                    skipped = not (loss_finite and gradients_finite(model) and guarded_step(optimizer, model))
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
             state["batch_in_epoch"] += 1
             if not accelerator.sync_gradients:
                 continue
@@ -353,14 +477,26 @@ def main(argv: list[str] | None = None) -> int:
             step = state["step"]
             mean_loss = float(accelerator.gather(loss.detach().reshape(1)).mean())
             row = dict(step=step, epoch=state["epoch"], loss=mean_loss, lr=scheduler.get_last_lr()[0],
-                       eval_accuracy="")
+                       eval_accuracy="", skipped=int(skipped))
+            state["nonfinite_in_a_row"] = state.get("nonfinite_in_a_row", 0) + 1 if skipped else 0
+            if skipped:
+                accelerator.print(f"step {step}: non-finite loss, gradient or update (loss {mean_loss}); skipped")
+                if state["nonfinite_in_a_row"] >= args.max_nonfinite_steps:
+                    if accelerator.is_main_process:
+                        write_metrics(metrics_path, [*rows, row])
+                    raise DivergedError(
+                        f"{state['nonfinite_in_a_row']} optimizer steps in a row (up to step {step}) had a non-finite "
+                        f"loss, gradient or update, so training stopped; the weights are those before the first of "
+                        f"them. Lower the learning rate (--lr) or check the data, then --resume from the last "
+                        f"checkpoint")
             if step % int(optim.get("eval_steps", max_steps)) == 0 or step == max_steps:
                 accuracy = evaluate(model, eval_loader, accelerator)
                 row["eval_accuracy"] = accuracy
                 if state["best_accuracy"] is None or accuracy > state["best_accuracy"]:
                     state["best_accuracy"] = accuracy
                     if accelerator.is_main_process:
-                        accelerator.unwrap_model(model).save_pretrained(output_dir / "best_model")
+                        write_or_stop("the best model", output_dir, functools.partial(
+                            accelerator.unwrap_model(model).save_pretrained, output_dir / "best_model"))
             rows.append(row)
             accelerator.log({k: v for k, v in row.items() if v != "" and k != "step"}, step=step)
             progress.update(1)
@@ -369,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
             if save_now:
                 if accelerator.is_main_process:
                     write_metrics(metrics_path, rows)
-                save_checkpoint(accelerator, output_dir, dict(state))
+                save_checkpoint(accelerator, output_dir, dict(state), accelerator.unwrap_model(model))
             if step == args.stop_after_steps:
                 accelerator.print(f"stopping after the checkpoint at step {step} (--stop_after_steps)")
                 stop = True
@@ -380,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
             state["epoch"] += 1
             state["batch_in_epoch"] = 0
     progress.close()
+    bad = unique_bad_samples(bad_log)
+    if bad:
+        accelerator.print(f"skipped {len(bad)} unreadable image(s), listed in {bad_log}")
     if accelerator.is_main_process:
         write_metrics(metrics_path, rows)
         plot_curves([dict(r, step=int(r["step"]), loss=float(r["loss"]),
@@ -387,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
                      for r in rows], output_dir / "curves.png", f"{args.arch} on {recipe['data']['dataset']}")
         if not stop:
             final = accelerator.unwrap_model(model)
-            final.save_pretrained(output_dir / "model")
+            check_finite_weights(final, "the final model")
+            write_or_stop("the final model", output_dir, lambda: final.save_pretrained(output_dir / "model"))
             for folder in (output_dir / "model", output_dir / "best_model"):
                 if folder.exists():
                     _save_processor(folder, recipe["data"]["image_size"], args.arch)
