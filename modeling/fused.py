@@ -353,7 +353,10 @@ def _unit_coords(r: Tensor, u: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, T
     """``x / sqrt(k) = (cosh a, sinh a u)`` (Eq. 2) as one ``(T, n+1)`` tensor, with ``a``, ``sinh a``, ``cosh a``."""
     a = r / sqrt_k
     sinh_a, cosh_a = sinh_cosh(a)
-    return torch.cat([cosh_a.unsqueeze(-1), u * sinh_a.unsqueeze(-1)], dim=-1), a, sinh_a, cosh_a
+    x = u.new_empty(*u.shape[:-1], u.shape[-1] + 1)  # filled in place: no concatenation pass
+    x[..., 0] = cosh_a
+    torch.mul(u, sinh_a.unsqueeze(-1), out=x[..., 1:])
+    return x, a, sinh_a, cosh_a
 
 
 class FusedPolarFC(torch.autograd.Function):
@@ -382,9 +385,10 @@ class FusedPolarFC(torch.autograd.Function):
             log_radius = torch.addcmul(radius_bias + radius_weight * a.unsqueeze(-1),
                                        norm_power, log_radius)
             log_radius += tanh_a * (p[:, 1:] @ klein_weight.t())
-        direction = h / torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1)
+        out = h.new_empty(*h.shape[:-1], h.shape[-1] + 1)  # [r', u'] written in place
+        out[..., 0] = asinh_exp(log_radius).mul_(sqrt_k)
+        direction = torch.div(h, torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1), out=out[..., 1:])
         direction[..., 0] = torch.where(norm > 0, direction[..., 0], torch.ones_like(norm))  # h = 0: direction e_0
-        out = torch.cat([asinh_exp(log_radius).mul_(sqrt_k).unsqueeze(-1), direction], dim=-1)
         ctx.save_for_backward(p, weight, norm_power, radius_weight, klein_weight, out, norm,
                               pre if activation is not None else None)
         ctx.sqrt_k, ctx.activation = sqrt_k, activation
@@ -403,12 +407,14 @@ class FusedPolarFC(torch.autograd.Function):
         inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)),
                                torch.zeros_like(norm))
         g_h = torch.addcmul(g_u_out, coef.unsqueeze(-1), u_out).mul_(inv_norm.unsqueeze(-1))
-        if pre is not None:
+        if pre is None:
+            g_pre = g_h
+        elif getattr(ctx.activation, "act", None) is torch.nn.functional.gelu:  # transformers' GELUActivation
+            g_pre = torch.ops.aten.gelu_backward(g_h, pre)
+        else:
             with torch.enable_grad():
                 leaf = pre.detach().requires_grad_(True)
                 (g_pre,) = torch.autograd.grad(ctx.activation(leaf), leaf, g_h)
-        else:
-            g_pre = g_h
         g_pre = g_pre.flatten(1)  # (T, H d)
         g_weight = g_pre.t() @ x
         g_x = g_pre @ weight
@@ -424,7 +430,8 @@ class FusedPolarFC(torch.autograd.Function):
             g_u += tanh_a.unsqueeze(-1) * g_klein
             grads_rule = ((g_l * log_norm).sum(0), (g_l * a.unsqueeze(-1)).sum(0),
                           (g_l * tanh_a.unsqueeze(-1)).t() @ u, g_l.sum(0))
-        g_p = torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1)
+        g_p = g_x  # [g_a / sqrt(k), g_u] written over g_x (g_u is g_x[:, 1:] scaled in place)
+        g_p[:, 0] = g_a / sqrt_k
         return (g_p, g_weight, *grads_rule, None, None, None)
 
 
