@@ -353,9 +353,9 @@ def _unit_coords(r: Tensor, u: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, T
     """``x / sqrt(k) = (cosh a, sinh a u)`` (Eq. 2) as one ``(T, n+1)`` tensor, with ``a``, ``sinh a``, ``cosh a``."""
     a = r / sqrt_k
     sinh_a, cosh_a = sinh_cosh(a)
-    x = u.new_empty(*u.shape[:-1], u.shape[-1] + 1)  # filled in place: no concatenation pass
+    x = u.new_empty(*u.shape[:-1], u.shape[-1] + 1)  # filled by slices (no out= into views: torch.compile)
     x[..., 0] = cosh_a
-    torch.mul(u, sinh_a.unsqueeze(-1), out=x[..., 1:])
+    x[..., 1:] = u * sinh_a.unsqueeze(-1)
     return x, a, sinh_a, cosh_a
 
 
@@ -385,10 +385,10 @@ class FusedPolarFC(torch.autograd.Function):
             log_radius = torch.addcmul(radius_bias + radius_weight * a.unsqueeze(-1),
                                        norm_power, log_radius)
             log_radius += tanh_a * (p[:, 1:] @ klein_weight.t())
-        out = h.new_empty(*h.shape[:-1], h.shape[-1] + 1)  # [r', u'] written in place
+        out = h.new_empty(*h.shape[:-1], h.shape[-1] + 1)  # [r', u'] filled by slices
         out[..., 0] = asinh_exp(log_radius).mul_(sqrt_k)
-        direction = torch.div(h, torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1), out=out[..., 1:])
-        direction[..., 0] = torch.where(norm > 0, direction[..., 0], torch.ones_like(norm))  # h = 0: direction e_0
+        out[..., 1:] = h / torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1)
+        out[..., 1] = torch.where(norm > 0, out[..., 1], torch.ones_like(norm))  # h = 0: direction e_0
         ctx.save_for_backward(p, weight, norm_power, radius_weight, klein_weight, out, norm,
                               pre if activation is not None else None)
         ctx.sqrt_k, ctx.activation = sqrt_k, activation
