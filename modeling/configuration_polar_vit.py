@@ -16,7 +16,6 @@ READOUTS = ("centroid", "cls")
 HEADS = ("lorentz_mlr", "poincare_mlr", "tangent_linear")  # Bdeir et al. 2024 / HNN++ / hybrid
 ARITHMETICS = ("polar", "ambient")
 POSITION_EMBEDDINGS = ("learned", "sincos", "none")
-ATTENTION_IMPLEMENTATIONS = ("auto", "eager", "fused", "chunked", "triton")  # built in; more can be registered
 
 
 def attention_implementations() -> tuple[str, ...]:
@@ -24,6 +23,7 @@ def attention_implementations() -> tuple[str, ...]:
     from .attention import POLAR_ATTENTION_FUNCTIONS  # imported when validating: the config module stays light
 
     return ("auto", *POLAR_ATTENTION_FUNCTIONS)
+
 
 # Reserved space axes of every head for the 2-D relative positional encoding: one (ideal, shift)
 # pair per grid axis (rows, columns), Eq. 10 and Appendix C.2.
