@@ -42,6 +42,15 @@ def sinh_cosh(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.copysign(0.5 * t * (1.0 + q), x), 0.5 * (t + 1.0 + q)
 
 
+def sinh_cosh_smooth(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(sinh x, cosh x)`` from exponentials, for code differentiated by autograd (smooth at ``x = 0``).
+
+    ``sinh x = (expm1(x) - expm1(-x)) / 2`` (two terms of one sign: no cancellation near 0),
+    ``cosh x = (e^x + e^{-x}) / 2``; PyTorch's own ``sinh`` / ``cosh`` are scalar loops on the CPU.
+    """
+    return 0.5 * (torch.expm1(x) - torch.expm1(-x)), 0.5 * (torch.exp(x) + torch.exp(-x))
+
+
 def cosh_minus_one(x: Tensor) -> tuple[Tensor, Tensor]:
     """``cosh x - 1 = 2 sinh^2(x/2) = t^2 e^{-|x|} / 2`` and ``sinh x``, from ``t = expm1(|x|)``.
 
@@ -114,30 +123,46 @@ def row_gradients(grad_r: Tensor, grad_u: Tensor, stats: Tensor, a_mu: Tensor, u
 # --------------------------------------------------------------------------------------------
 # attention core
 # --------------------------------------------------------------------------------------------
-def _pair_chords(out: Tensor, tmp: Tensor, u_t: Tensor, v_t: Tensor) -> Tensor:
-    """``out = 1/2 ||u_i - v_j||^2`` for all pairs, from the exact coordinate differences (App. D.1).
+CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
 
-    ``u_t (G, d, N)``, ``v_t (G, d, M)`` (coordinates first), ``out``/``tmp`` ``(G, N, M)`` buffers: one
-    subtraction and one fused square-add per coordinate, never ``1 - u.v`` and never an
-    ``N x M x d`` tensor.
+
+def _pair_chords(out: Tensor, tmp: Tensor, u_t: Tensor, v_t: Tensor, wide: Tensor | None = None) -> Tensor:
+    """``out = 1/2 ||u_i - v_j||^2`` for all pairs, never ``1 - u.v`` in the input precision (App. D.1).
+
+    ``u_t (G, d, N)``, ``v_t (G, d, M)`` (coordinates first), ``out``/``tmp`` ``(G, N, M)`` buffers.
+    Without ``wide``: the exact coordinate differences, one subtraction and one fused square-add per
+    coordinate.  With a float64 buffer ``wide (G, N, M)`` (float32 / half inputs): one float64
+    product ``1/2 ||u||^2 + 1/2 ||v||^2 - u.v``, whose absolute error (``~d 2^-53``) is below
+    ``2e-9`` of every chord ``>= CHORD_PRODUCT_ABOVE``, so the rounded result is the float32 value of
+    the exact chord; the few pairs below that (nearly equal directions) are recomputed from their
+    coordinate differences.  Never an ``N x M x d`` tensor.
     """
-    torch.sub(u_t[:, 0].unsqueeze(-1), v_t[:, 0].unsqueeze(-2), out=out)
-    out.mul_(out)
-    for coord in range(1, u_t.shape[1]):
-        torch.sub(u_t[:, coord].unsqueeze(-1), v_t[:, coord].unsqueeze(-2), out=tmp)
-        out.addcmul_(tmp, tmp)
-    return out.mul_(0.5)
+    if wide is None:
+        torch.sub(u_t[:, 0].unsqueeze(-1), v_t[:, 0].unsqueeze(-2), out=out)
+        out.mul_(out)
+        for coord in range(1, u_t.shape[1]):
+            torch.sub(u_t[:, coord].unsqueeze(-1), v_t[:, coord].unsqueeze(-2), out=tmp)
+            out.addcmul_(tmp, tmp)
+        return out.mul_(0.5)
+    u64, v64 = u_t.transpose(-1, -2).double(), v_t.double()
+    half_sq = 0.5 * u64.square().sum(-1), 0.5 * v64.square().sum(-2)
+    torch.add(half_sq[0].unsqueeze(-1), half_sq[1].unsqueeze(-2), out=wide).baddbmm_(u64, v64, alpha=-1.0)
+    out.copy_(wide)
+    if bool(out.min() < CHORD_PRODUCT_ABOVE):  # nearly equal directions: exact differences for those pairs
+        g, i, j = (out < CHORD_PRODUCT_ABOVE).nonzero(as_tuple=True)
+        out[g, i, j] = 0.5 * (u_t[g, :, i] - v_t[g, :, j]).square().sum(-1)
+    return out
 
 
 def _haversine_pairs(buf: list[Tensor], a: Tensor, sinh_a: Tensor, uq_t: Tensor, b: Tensor, sinh_b: Tensor,
-                     uk_t: Tensor) -> None:
+                     uk_t: Tensor, wide: Tensor | None) -> None:
     """Eq. 5 for all query/key pairs of a group, into workspace buffers.
 
     ``buf[0] = chord``, ``buf[1] = t = expm1(|a_i - b_j|)``, ``buf[2] = e^{-|a_i - b_j|}``,
     ``buf[3] = c = t^2 e^{-|x|} / 2 + sinh a_i sinh b_j chord``, ``buf[4]`` is scratch.
     """
     chord, t, q, c, tmp = buf[:5]
-    _pair_chords(chord, tmp, uq_t, uk_t)
+    _pair_chords(chord, tmp, uq_t, uk_t, wide)
     torch.sub(a.unsqueeze(-1), b.unsqueeze(-2), out=t).abs_().expm1_()
     torch.add(t, 1.0, out=q).reciprocal_()
     torch.mul(t, q, out=c).mul_(t).mul_(0.5)
@@ -167,17 +192,27 @@ def _slice_groups(num_slices: int, n_q: int, n_k: int) -> list[slice]:
     return [slice(start, start + size) for start in range(0, num_slices, size)]
 
 
-def _workspace(count: int, groups: list[slice], num_slices: int, n_q: int, n_k: int, like: Tensor) -> list[Tensor]:
-    """``count`` reusable ``(G, N, M)`` buffers for the largest group (fresh large tensors cost page faults)."""
+def _workspace(count: int, groups: list[slice], num_slices: int, n_q: int, n_k: int, like: Tensor) -> list:
+    """``count`` reusable ``(G, N, M)`` buffers for the largest group (fresh large tensors cost page faults),
+    then the float64 buffer of :func:`_pair_chords` (``None`` for float64 inputs and under ``torch.compile``,
+    which take the coordinate differences)."""
     size = min(num_slices, groups[0].stop - groups[0].start)
-    return [like.new_empty(size, n_q, n_k) for _ in range(count)]
+    wide = like.dtype != torch.float64 and not torch.compiler.is_compiling()
+    return [like.new_empty(size, n_q, n_k) for _ in range(count)] + [
+        like.new_empty(size, n_q, n_k, dtype=torch.float64) if wide else None]
+
+
+def _trim(ws: list, size: int) -> list:
+    """The first ``size`` slices of every workspace buffer (a group smaller than the largest)."""
+    return [w if w is None else w[:size] for w in ws]
 
 
 def _attention_forward(ws, rq, uq_t, rk, uk_t, rv, uv, uv_t, scale, k):
     """Forward of :class:`FusedPolarAttention` on one group: ``(a_mu, u_hat, lse, T, E, S, ||V||)``."""
     sk = math.sqrt(k)
     a, b, beta = rq / sk, rk / sk, rv / sk
-    _haversine_pairs(ws, a, sinh_cosh(a)[0], uq_t, b, sinh_cosh(b)[0], uk_t)
+    wide = ws[-1]
+    _haversine_pairs(ws, a, sinh_cosh(a)[0], uq_t, b, sinh_cosh(b)[0], uk_t, wide)
     chord, scores, scratch, c, tmp = ws[:5]
     _asinh_pairs(scores, chord, tmp, scratch, c)
     scores.square_().mul_(scale * (-4.0 * k))  # -scale k D^2
@@ -191,7 +226,7 @@ def _attention_forward(ws, rq, uq_t, rk, uk_t, rv, uv, uv_t, scale, k):
     nonzero = v_norm > 0
     u_hat = big_v / torch.where(nonzero, v_norm, torch.ones_like(v_norm)).unsqueeze(-1)
     u_hat[..., 0] = torch.where(nonzero, u_hat[..., 0], torch.ones_like(v_norm))  # origin: direction e_0
-    chord_v = _pair_chords(c, tmp, u_hat.transpose(-1, -2), uv_t)
+    chord_v = _pair_chords(c, tmp, u_hat.transpose(-1, -2), uv_t, wide)
     big_s = (chord_v.mul_(probs) @ sinh_beta.unsqueeze(-1)).squeeze(-1)
     a_mu = centroid_radius(big_t, big_e, big_s, v_norm, ~nonzero)
     return a_mu, u_hat, lse, big_t, big_e, big_s, v_norm
@@ -208,8 +243,9 @@ def _attention_backward(ws, grad_r, grad_u, rq, uq, uq_t, rk, uk, uk_t, rv, uv, 
     exp_beta = torch.exp(-beta)
     g_t, g_e, g_v, _ = centroid_row_gradients(grad_r, grad_u, big_t, big_e, big_s, v_norm, a_mu, u_hat, k)
     # recompute Eq. 5 and the probabilities from the saved log-sum-exp
-    _haversine_pairs(ws, a, sinh_a, uq_t, b, sinh_b, uk_t)
-    chord, sinh_x, _, c, tmp, asinh_s, slope, probs, work = ws
+    wide = ws[-1]
+    _haversine_pairs(ws, a, sinh_a, uq_t, b, sinh_b, uk_t, wide)
+    chord, sinh_x, _, c, tmp, asinh_s, slope, probs, work = ws[:9]
     t, q = ws[1], ws[2]
     q.add_(1.0).mul_(t).mul_(0.5)  # sinh|a_i - b_j| = t (1 + e^{-|x|}) / 2
     sinh_x = q.copysign_(torch.sub(a.unsqueeze(-1), b.unsqueeze(-2), out=tmp))
@@ -217,8 +253,9 @@ def _attention_backward(ws, grad_r, grad_u, rq, uq, uq_t, rk, uk, uk_t, rv, uv, 
     # dD^2/dc = 2 asinh(s) / (s sqrt(1 + s^2)), with the series 1 - s^2/6 + 3 s^4/40 of asinh(s)/s below c = 1e-4
     torch.mul(c, 0.5, out=tmp)
     torch.div(asinh_s, torch.sqrt(tmp, out=work), out=t)
-    series = torch.mul(tmp, 0.075, out=probs).sub_(1.0 / 6.0).mul_(tmp).add_(1.0)
-    torch.where(c < _SERIES_C, series, t, out=t)
+    if torch.compiler.is_compiling() or bool(c.min() < _SERIES_C):  # eager: only when some pair needs it
+        series = torch.mul(tmp, 0.075, out=probs).sub_(1.0 / 6.0).mul_(tmp).add_(1.0)
+        torch.where(c < _SERIES_C, series, t, out=t)
     slope = t.div_(slope).mul_(2.0)
     torch.mul(asinh_s, asinh_s, out=probs).mul_(scale * (-4.0 * k))
     probs.sub_(lse.unsqueeze(-1)).exp_()
@@ -233,7 +270,7 @@ def _attention_backward(ws, grad_r, grad_u, rq, uq, uq_t, rk, uk, uk_t, rv, uv, 
     g_v = g_v + drift / torch.where(v_norm > 0, v_norm, torch.ones_like(v_norm)).unsqueeze(-1)
     g_te = torch.stack([g_t, g_e], -1)  # (G, N, 2)
     # dL/dP = (g_V . v_j + g_S chord(u_i, v_j)) sinh beta_j + g_T cosh beta_j + g_E e^{-beta_j}
-    value_terms = _pair_chords(c, tmp, u_hat.transpose(-1, -2), uv_t)
+    value_terms = _pair_chords(c, tmp, u_hat.transpose(-1, -2), uv_t, wide)
     value_terms.mul_(g_e.unsqueeze(-1)).baddbmm_(g_v, uv_t)
     g_p = torch.mul(value_terms, sinh_beta.unsqueeze(-2), out=work)
     g_p.baddbmm_(g_te, torch.stack([cosh_beta, exp_beta], -2))
@@ -298,7 +335,7 @@ class FusedPolarAttention(torch.autograd.Function):
         outputs += [rq.new_empty(batch * heads, n_q) for _ in range(5)]
         for group in groups:
             size = len(range(*group.indices(batch * heads)))
-            values = _attention_forward([w[:size] for w in ws], *(t[group] for t in flat[:7]), scale_g[group], k)
+            values = _attention_forward(_trim(ws, size), *(t[group] for t in flat[:7]), scale_g[group], k)
             for out, value in zip(outputs, values):
                 out[group] = value
         a_mu, u_hat, *stats = outputs
@@ -322,7 +359,7 @@ class FusedPolarAttention(torch.autograd.Function):
         for group in groups:
             size = len(range(*group.indices(batch * heads)))
             values = _attention_backward(
-                [w[:size] for w in ws], *(t[group] for t in row), f_rq[group], f_uq[group], f_uq_t[group],
+                _trim(ws, size), *(t[group] for t in row), f_rq[group], f_uq[group], f_uq_t[group],
                 f_rk[group], f_uk[group], f_uk_t[group], f_rv[group], f_uv[group], f_uv_t[group], scale_g[group],
                 ctx.k, *(t[group] for t in saved))
             for out, value in zip(grads, values):
@@ -701,7 +738,7 @@ def _safe_sqrt(sq: Tensor) -> Tensor:
 def _boost_scalars(x: list[Tensor], cosh_a: Tensor, t: Tensor, axis: int) -> list[Tensor]:
     """Lorentz boost of rapidity ``t`` along ``axis`` (:func:`geometry.boost`):
     ``x_i <- sinh t cosh a + cosh t x_i``."""
-    sinh_t, cosh_t = torch.sinh(t), torch.cosh(t)  # differentiated by autograd (smooth at t = 0); (N, H)-sized
+    sinh_t, cosh_t = sinh_cosh_smooth(t)  # differentiated by autograd; (N, H)-sized
     out = list(x)
     out[axis] = sinh_t * cosh_a + cosh_t * x[axis]
     return out
@@ -721,7 +758,7 @@ def _reserved_axes_scalars(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_
             parts += [cos * u4[..., first] - sin * u4[..., second], sin * u4[..., first] + cos * u4[..., second]]
         return r, torch.stack(parts, dim=-1), torch.ones_like(r)
     a = r / sqrt_k
-    sinh_a, cosh_a = torch.sinh(a), torch.cosh(a)  # differentiated by autograd: smooth at a = 0; per token
+    sinh_a, cosh_a = sinh_cosh_smooth(a)  # differentiated by autograd; per token
     x = [sinh_a * u4[..., c] for c in range(4)]
     rest = sinh_a.square() * rest_sq
     if kind == "horoshift":
@@ -817,8 +854,8 @@ def _boost_residual_forward(x: Tensor, f: Tensor, alpha: Tensor, strength: Tenso
     omega_sq = step.square() * v_perp.square().sum(-1)
     small = omega_sq < 1e-8  # as geometry.cosh_sinhc_sq
     w = torch.sqrt(torch.where(small, torch.ones_like(omega_sq), omega_sq))
-    cosh_w = torch.cosh(w)
-    sinhc = torch.where(small, 1.0 + omega_sq / 6.0, torch.sinh(w) / w)
+    sinh_w, cosh_w = sinh_cosh(w)
+    sinhc = torch.where(small, 1.0 + omega_sq / 6.0, sinh_w / w)
     tanh_a = torch.tanh(a)
     big_d = torch.addcmul(tanh_a.unsqueeze(-1) * u, (sinhc * step).unsqueeze(-1), v_perp)
     norm = torch.linalg.vector_norm(big_d, dim=-1)
