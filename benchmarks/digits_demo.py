@@ -34,40 +34,53 @@ def main(argv: list[str] | None = None) -> int:
     runs = {"Polar-ViT (demo)": ("polar", []), "Euclidean ViT (same size)": ("euclidean", [])}
     for lr in args.vit_lrs:
         runs[f"Euclidean ViT, lr {lr:g}"] = ("euclidean", ["--lr", str(lr)])
-    results = {name: {"acc": [], "losses": [], "seconds": []} for name in runs}
-    with tempfile.TemporaryDirectory() as scratch:
-        for seed in args.seeds:
-            for index, (name, (arch, extra)) in enumerate(runs.items()):
-                start = time.perf_counter()
-                rows = run_digits(arch, Path(scratch) / f"{seed}-{index}", args.steps, ["--seed", str(seed), *extra])
-                results[name]["seconds"].append(time.perf_counter() - start)
-                results[name]["losses"].append([float(row["loss"]) for row in rows])
-                results[name]["acc"].append(float(rows[-1]["eval_accuracy"]))
+    results = train_runs(runs, args.seeds, args.steps)
     config = P.PolarViTConfig.from_preset("demo", id2label={i: str(i) for i in range(10)})
     params = {"polar": sum(p.numel() for p in P.PolarViTForImageClassification(config).parameters()),
               "euclidean": sum(p.numel() for p in euclidean_vit(config).parameters())}
     print(f"\nDigits (1348 train / 449 held-out, 32 x 32), {args.steps} steps, seeds {args.seeds}")
-    print(f"{'model':<28} {'params':>8} {'held-out accuracy':>24} {'train time':>11}")
-    for name, (arch, _) in runs.items():
-        acc = results[name]["acc"]
-        spread = statistics.pstdev(acc) if len(acc) > 1 else 0.0
-        print(f"{name:<28} {params[arch]:>8,} {100 * statistics.mean(acc):>15.2f} +- {100 * spread:.2f} %"
-              f" {statistics.mean(results[name]['seconds']):>9.1f} s")
+    print_table(results, {name: params[arch] for name, (arch, _) in runs.items()})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot(results, out / "digits_demo.png")
+    plot(results, out / "digits_demo.png", "digits: Polar-ViT vs Euclidean ViT of the same size")
     print(f"wrote {out / 'digits_demo.png'}")
     return 0
 
 
-def plot(results: dict, path: Path) -> None:
+def train_runs(runs: dict[str, tuple[str, list[str]]], seeds: list[int], steps: int) -> dict[str, dict]:
+    """Train every ``name: (arch, extra pretrain.py arguments)`` once per seed; losses, accuracies, seconds."""
+    results = {name: {"acc": [], "losses": [], "seconds": []} for name in runs}
+    with tempfile.TemporaryDirectory() as scratch:
+        for seed in seeds:
+            for index, (name, (arch, extra)) in enumerate(runs.items()):
+                start = time.perf_counter()
+                rows = run_digits(arch, Path(scratch) / f"{seed}-{index}", steps, ["--seed", str(seed), *extra])
+                results[name]["seconds"].append(time.perf_counter() - start)
+                results[name]["losses"].append([float(row["loss"]) for row in rows])
+                results[name]["acc"].append(float(rows[-1]["eval_accuracy"]))
+    return results
+
+
+def print_table(results: dict[str, dict], params: dict[str, int]) -> None:
+    """One row per run: parameters, held-out accuracy (mean +- population std over seeds), train time."""
+    width = max(28, *(len(name) + 1 for name in results))
+    print(f"{'model':<{width}} {'params':>8} {'held-out accuracy':>24} {'train time':>11}")
+    for name, result in results.items():
+        acc = result["acc"]
+        spread = statistics.pstdev(acc) if len(acc) > 1 else 0.0
+        print(f"{name:<{width}} {params[name]:>8,} {100 * statistics.mean(acc):>15.2f} +- {100 * spread:.2f} %"
+              f" {statistics.mean(result['seconds']):>9.1f} s")
+
+
+def plot(results: dict, path: Path, title: str) -> None:
+    """Training-loss curves of every run and seed (one colour per run)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for (name, result), color in zip(results.items(), ("tab:blue", "tab:gray", "tab:orange", "tab:green")):
+    for (name, result), color in zip(results.items(), plt.get_cmap("tab10").colors):
         for index, losses in enumerate(result["losses"]):
             ax.plot(range(1, len(losses) + 1), losses, color=color, alpha=0.8, label=name if index == 0 else None)
     ax.set_xlabel("optimizer step")
@@ -75,7 +88,7 @@ def plot(results: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.legend()
     ax.grid(alpha=0.3)
-    ax.set_title("digits: Polar-ViT vs Euclidean ViT of the same size")
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .geometry import Curvature, _check_axis, _sqrt_k
+from .geometry import Curvature, _check_axis, _sqrt_k, beta_coefficient
 
 __all__ = [
     "boost",
@@ -223,3 +223,33 @@ def rotate(x: Tensor, t: Tensor | float, axis_a: int, axis_b: int) -> Tensor:
 def direct_concat(x: Tensor, k: Curvature = 1.0) -> Tensor:
     """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)``: concatenate space parts, recompute time."""
     return from_space(x[..., 1:].flatten(-2), k)
+
+
+def log_origin(x: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Space part of ``log_o(x)``: ``sqrt(k) arcosh(x_0 / sqrt(k)) x_s / ||x_s||`` (norm = geodesic radius)."""
+    sk = _sqrt_k(k)
+    norm = torch.linalg.vector_norm(x[..., 1:], dim=-1, keepdim=True)
+    radius = sk * torch.acosh((x[..., :1] / sk).clamp_min(1.0))
+    return radius * x[..., 1:] / norm.clamp_min(1e-300)
+
+
+def exp_origin(v: Tensor, k: Curvature = 1.0) -> Tensor:
+    """``exp_o(v) = (sqrt(k) cosh(|v| / sqrt(k)), sqrt(k) sinh(|v| / sqrt(k)) v / |v|)`` for a tangent vector ``v``."""
+    sk = _sqrt_k(k)
+    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    w = norm / sk
+    return torch.cat([sk * torch.cosh(w), sk * torch.sinh(w) * v / norm.clamp_min(1e-300)], dim=-1)
+
+
+def beta_concat(x: Tensor, k: Curvature = 1.0) -> Tensor:
+    """HNN++ beta-concatenation ``(..., H, d+1) -> (..., H d + 1)``:
+    ``exp_o(beta_{Hd} / beta_d concat_h log_o(x_h))``."""
+    heads, dim = x.shape[-2], x.shape[-1] - 1
+    ratio = beta_coefficient(heads * dim) / beta_coefficient(dim)
+    return exp_origin(ratio * log_origin(x, k).flatten(-2), k)
+
+
+def beta_split(x: Tensor, heads: int, k: Curvature = 1.0) -> Tensor:
+    """HNN++ beta-split ``(..., n+1) -> (..., H, n/H + 1)``: ``exp_o(beta_d/beta_n log_o(x)_h)``."""
+    v = log_origin(x, k).unflatten(-1, (heads, -1))
+    return exp_origin(beta_coefficient(v.shape[-1]) / beta_coefficient(x.shape[-1] - 1) * v, k)

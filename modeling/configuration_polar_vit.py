@@ -15,7 +15,8 @@ LINEARS = ("polar", "lorentz")  # Polar-FC Eq. 8 / Lorentz FC of Chen et al. 202
 READOUTS = ("centroid", "cls")
 HEADS = ("lorentz_mlr", "poincare_mlr", "tangent_linear")  # Bdeir et al. 2024 / HNN++ / hybrid
 ARITHMETICS = ("polar", "ambient")
-POSITION_EMBEDDINGS = ("learned", "sincos", "none")
+POSITION_EMBEDDINGS = ("learned", "sincos", "hypformer", "none")  # ... / Hypformer's learnable encoding / none
+HEAD_MERGES = ("direct_concat", "beta_concat")  # Lorentz direct concatenation (Sec. 4.2) / HNN++ beta-concat
 
 
 def attention_implementations() -> tuple[str, ...]:
@@ -60,7 +61,13 @@ class PolarViTConfig(PreTrainedConfig):
         hidden_act: activation of the first MLP Polar-FC (Eq. 8).
         k: curvature parameter, ``k > 0``.
         position_embedding: absolute positions added to the space coordinates: ``"learned"`` table,
-            ``"sincos"`` (2-D sine-cosine, fixed) or ``"none"``.
+            ``"sincos"`` (2-D sine-cosine, fixed), ``"hypformer"`` (Hypformer's learnable encoding: a
+            Lorentz FC of each token mixed back in by the Lorentzian midpoint with the fixed weight
+            ``hypformer_epsilon``; computed from the token, as in Hypformer) or ``"none"``.
+        hypformer_epsilon: the fixed weight ``epsilon >= 0`` of ``position_embedding="hypformer"``.
+        head_merge: how attention heads are split and merged: ``"direct_concat"`` (per-head Polar-FC
+            projections, Lorentz direct concatenation; the paper) or ``"beta_concat"`` (HNN++: one
+            Polar-FC per projection, beta-split into heads, beta-concatenation of the heads).
         relative_position: ``"horoshift"`` (Eq. 10, default), ``"boost"`` (HoPE), ``"rotation"``
             (HOPE, HELM) or ``"none"``; applied to queries and keys of every head on the reserved
             axis pairs ``(0, 1)`` (rows) and ``(2, 3)`` (columns).
@@ -100,6 +107,8 @@ class PolarViTConfig(PreTrainedConfig):
     hidden_act: str = "gelu"
     k: float = 1.0
     position_embedding: str = "learned"
+    hypformer_epsilon: float = 1.0
+    head_merge: str = "direct_concat"
     relative_position: str = "horoshift"
     residual: str = "boost"
     linear: str = "polar"
@@ -162,6 +171,7 @@ class PolarViTConfig(PreTrainedConfig):
             raise ValueError(f"k must be a finite positive number (curvature -1/k), got {self.k!r}")
         for name, allowed in (
             ("position_embedding", POSITION_EMBEDDINGS),
+            ("head_merge", HEAD_MERGES),
             ("relative_position", RELATIVE_POSITIONS),
             ("residual", RESIDUALS),
             ("linear", LINEARS),
@@ -172,6 +182,12 @@ class PolarViTConfig(PreTrainedConfig):
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+        epsilon = self.hypformer_epsilon
+        if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon >= 0):
+            raise ValueError(
+                f"hypformer_epsilon must be a finite number >= 0, got {epsilon!r}: a negative weight can push "
+                f"the Lorentzian midpoint of position_embedding='hypformer' off the upper sheet"
+            )
         if not isinstance(self.fused_ops, bool):
             raise ValueError(f"fused_ops must be True or False, got {self.fused_ops!r}")
         if not (0.0 <= float(self.drop_path_rate) < 1.0):

@@ -33,6 +33,9 @@ Curvature = Union[float, Tensor]
 __all__ = [
     "asinh_exp",
     "asinhc_half",
+    "beta_coefficient",
+    "beta_concat",
+    "beta_split",
     "boost",
     "busemann_nu",
     "centroid",
@@ -288,6 +291,43 @@ def direct_concat(r: Tensor, u: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Ten
     log_sinh = top.squeeze(-1) + torch.log(torch.where(positive, norm, torch.ones_like(norm)))
     radius = torch.where(positive, asinh_exp(log_sinh), torch.zeros_like(norm))
     return sk * radius, safe_normalize(parts)
+
+
+def beta_coefficient(n: int) -> float:
+    """HNN++'s ``beta_n = B(n/2, 1/2)`` (Shimizu et al. 2021, Sec. 3.3): the expected-norm scale of ``n``
+    coordinates."""
+    return math.exp(math.lgamma(n / 2) + math.lgamma(0.5) - math.lgamma((n + 1) / 2))
+
+
+def beta_concat(r: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """HNN++ Poincare beta-concatenation of ``H`` points of ``L^d`` into one point of ``L^{H d}``, in polar form.
+
+    HNN++ maps each input to the tangent space at the origin, ``v_h = log_0(x_h)`` (in the Poincare
+    ball ``||x_h|| = sqrt(k) tanh(r_h / (2 sqrt(k)))`` and ``||v_h|| = r_h / 2``), scales it by
+    ``beta_{Hd} / beta_d``, concatenates and maps back with ``exp_0`` (radius ``2 ||v||``).  In
+    polar form that round trip is exact and curvature-free:
+
+        ``R = (beta_{Hd} / beta_d) sqrt(sum_h r_h^2)``,   ``U = concat_h(r_h u_h) / sqrt(sum_h r_h^2)``
+
+    (no ball coordinate near 1, no large ambient coordinate).  ``r (..., H)``, ``u (..., H, d)`` ->
+    ``(...)``, ``(..., H d)``; all radii 0 gives the origin (direction ``e_0``, zero gradient).
+    """
+    heads, dim = u.shape[-2], u.shape[-1]
+    parts = (r.unsqueeze(-1) * u).flatten(-2)
+    return beta_coefficient(heads * dim) / beta_coefficient(dim) * _safe_norm(parts), safe_normalize(parts)
+
+
+def beta_split(r: Tensor, u: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """HNN++ Poincare beta-split of a point of ``L^n`` into ``heads`` points of ``L^{n/heads}``, in polar form.
+
+    The inverse of :func:`beta_concat`: the tangent vector ``r u`` at the origin is cut into
+    ``heads`` chunks ``r u_h``, each scaled by ``beta_d / beta_n`` and mapped back:
+    ``r_h = (beta_d / beta_n) r ||u_h||``, direction ``u_h / ||u_h||`` (``e_0`` for an empty chunk).
+    ``r (...)``, ``u (..., n)`` -> ``(..., H)``, ``(..., H, n/H)``.
+    """
+    chunks = u.unflatten(-1, (heads, u.shape[-1] // heads))
+    ratio = beta_coefficient(chunks.shape[-1]) / beta_coefficient(u.shape[-1])
+    return ratio * r.unsqueeze(-1) * _safe_norm(chunks), safe_normalize(chunks)
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 
 from .ambient import (
+    beta_concat as ambient_beta_concat,
+    beta_split as ambient_beta_split,
     boost as ambient_boost,
     centroid as ambient_centroid,
     direct_concat as ambient_direct_concat,
@@ -35,6 +37,8 @@ from .ambient import (
 )
 from .attention import polar_attention
 from .geometry import (
+    beta_concat,
+    beta_split,
     boost,
     centroid,
     direct_concat,
@@ -142,6 +146,14 @@ class ManifoldOps(ABC):
         """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)`` (Sec. 4.2)."""
 
     @abstractmethod
+    def beta_concat_heads(self, p: Tensor) -> Tensor:
+        """HNN++ beta-concatenation ``(..., H, d+1) -> (..., H d + 1)`` (``geometry.beta_concat``)."""
+
+    @abstractmethod
+    def beta_split_heads(self, p: Tensor, heads: int) -> Tensor:
+        """HNN++ beta-split ``(..., n+1) -> (..., H, n/H + 1)`` (``geometry.beta_split``)."""
+
+    @abstractmethod
     def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
                   return_probs: bool) -> tuple[Tensor, Tensor | None]:
         """Eq. 9 on ``(B, H, N, d+1)`` points with per-head ``scale (H,)``:
@@ -237,6 +249,12 @@ class PolarOps(ManifoldOps):
     def concat_heads(self, p: Tensor) -> Tensor:
         return self.make(*direct_concat(p[..., 0], p[..., 1:], self.k))
 
+    def beta_concat_heads(self, p: Tensor) -> Tensor:
+        return self.make(*beta_concat(p[..., 0], p[..., 1:]))
+
+    def beta_split_heads(self, p: Tensor, heads: int) -> Tensor:
+        return self.make(*beta_split(p[..., 0], p[..., 1:], heads))
+
     def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
                   return_probs: bool) -> tuple[Tensor, Tensor | None]:
         out = polar_attention(q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], scale, self.k,
@@ -319,6 +337,12 @@ class AmbientOps(ManifoldOps):
 
     def concat_heads(self, p: Tensor) -> Tensor:
         return ambient_direct_concat(p, self.k)
+
+    def beta_concat_heads(self, p: Tensor) -> Tensor:
+        return ambient_beta_concat(p, self.k)
+
+    def beta_split_heads(self, p: Tensor, heads: int) -> Tensor:
+        return ambient_beta_split(p, heads, self.k)
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
                   return_probs: bool) -> tuple[Tensor, Tensor | None]:

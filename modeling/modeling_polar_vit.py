@@ -129,9 +129,14 @@ class PolarFC(nn.Module):
     def parameter_roles(self) -> dict[str, object]:
         return {name: ("decay_to", value) for name, value in RADIUS_RULE_ANCHOR.items()} if self.radius_rule else {}
 
+    uniform_bound = 0.02  # init_scheme="uniform": Hypformer's HTCLinear initialisation
+
     def init_parameters(self) -> None:
-        """Orthogonal (attention projections) or Xavier weights (D.2); the radius rule at its anchor."""
-        (init.orthogonal_ if self.init_scheme == "orthogonal" else init.xavier_uniform_)(self.weight)
+        """Orthogonal (attention projections), Xavier (D.2) or small uniform weights; the radius rule at its anchor."""
+        if self.init_scheme == "uniform":
+            init.uniform_(self.weight, -self.uniform_bound, self.uniform_bound)
+        else:
+            (init.orthogonal_ if self.init_scheme == "orthogonal" else init.xavier_uniform_)(self.weight)
         if self.radius_rule:
             for name, value in RADIUS_RULE_ANCHOR.items():
                 init.constant_(getattr(self, name), value)
@@ -254,6 +259,9 @@ class PolarSelfAttention(nn.Module):
     relative positional encoding moves queries and keys; the score is ``-(gamma / tau_h) d^2`` with
     ``gamma = (n/H)^{-1/2}`` and a learned temperature per head; the values are aggregated by the
     polar centroid (Eq. 22); heads are merged by Lorentz direct concatenation, then a Polar-FC.
+    With ``head_merge="beta_concat"`` (HNN++ multi-head attention) each projection is one Polar-FC
+    ``L^n -> L^n`` followed by a beta-split into the heads, and the heads are merged by
+    beta-concatenation (:func:`geometry.beta_split`, :func:`geometry.beta_concat`).
     """
 
     def __init__(self, config: PolarViTConfig):
@@ -266,7 +274,9 @@ class PolarSelfAttention(nn.Module):
         def projection(out_features: int, num_heads: int | None) -> PolarFC:
             return PolarFC(n, out_features, config.k, num_heads, radius_rule=rule, init_scheme="orthogonal")
 
-        self.q_proj, self.k_proj, self.v_proj = (projection(d, heads) for _ in range(3))
+        self.beta_heads = config.head_merge == "beta_concat"
+        split = (n, None) if self.beta_heads else (d, heads)
+        self.q_proj, self.k_proj, self.v_proj = (projection(*split) for _ in range(3))
         self.o_proj = projection(n, None)
         self.temperature_init = float(config.attention_temperature_init)
         self.log_temperature = nn.Parameter(torch.empty(heads))
@@ -289,7 +299,9 @@ class PolarSelfAttention(nn.Module):
     def forward(
         self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps, output_attentions: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        q, k, v = self.q_proj(p, ops), self.k_proj(p, ops), self.v_proj(p, ops)  # (B, N, H, d+1)
+        q, k, v = self.q_proj(p, ops), self.k_proj(p, ops), self.v_proj(p, ops)
+        if self.beta_heads:  # (B, N, n+1) -> (B, N, H, d+1)
+            q, k, v = (ops.beta_split_heads(t, self.num_heads) for t in (q, k, v))
         if self.position is not None:
             q = self.position(q, grid, num_prefix, ops)
             k = self.position(k, grid, num_prefix, ops)
@@ -297,7 +309,8 @@ class PolarSelfAttention(nn.Module):
         implementation = select_implementation(self.config.polar_attn_implementation, output_attentions, p.device,
                                                p.shape[1], self.config.fused_ops)
         heads, probs = ops.attention(q, k, v, self.scale().to(p.dtype), implementation, output_attentions)
-        merged = ops.concat_heads(heads.transpose(1, 2))  # (B, N, n+1)
+        heads = heads.transpose(1, 2)
+        merged = ops.beta_concat_heads(heads) if self.beta_heads else ops.concat_heads(heads)  # (B, N, n+1)
         return self.o_proj(merged, ops), probs
 
 
@@ -477,6 +490,31 @@ def sincos_positions(hidden_size: int, grid: tuple[int, int]) -> Tensor:
     return (torch.cat(parts, dim=-1) / math.sqrt(hidden_size / 2)).float()
 
 
+class HypformerPositionalEncoding(nn.Module):
+    r"""Hypformer's learnable positional encoding (``position_embedding="hypformer"``).
+
+    ``p = HTCLinear(x)``, a Lorentz FC ``L^n -> L^n`` (Hypformer's linear map with the output's time
+    coordinate from the constraint: :class:`PolarFC` with ``radius_rule=False``, weights uniform in
+    ``[-0.02, 0.02]`` as in the reference, ``init_scheme="uniform"``), then the LResNet residual
+    ``lorentz_residual(x, p, w_y=epsilon)``: the Lorentzian midpoint of ``{x, p}`` with weights
+    ``(1, epsilon)`` (the polar centroid, Eq. 22).
+    ``epsilon`` (``hypformer_epsilon``) is a fixed number ``>= 0``, not a parameter: a learned weight
+    below ``-1`` would leave the upper sheet.  As in Hypformer the encoding is computed from each
+    token, so the grid position itself reaches the model through the relative encoding.
+    """
+
+    def __init__(self, config: PolarViTConfig):
+        super().__init__()
+        self.epsilon = float(config.hypformer_epsilon)
+        self.htc_linear = PolarFC(config.hidden_size, config.hidden_size, config.k, radius_rule=False,
+                                  init_scheme="uniform")
+
+    def forward(self, x: Tensor, ops: ManifoldOps) -> Tensor:
+        p = self.htc_linear(x, ops)
+        weights = x.new_tensor([1.0, self.epsilon]).expand(*x.shape[:-1], 1, 2)  # (B, N, 1, 2)
+        return ops.centroid(torch.stack([x, p], dim=-2), weights).squeeze(-2)
+
+
 class PolarViTEmbeddings(nn.Module):
     r"""Patch embedding: patches onto the manifold, a Polar-FC, absolute positions, class token.
 
@@ -497,6 +535,8 @@ class PolarViTEmbeddings(nn.Module):
         self.position_embeddings = None
         if config.position_embedding == "learned":
             self.position_embeddings = nn.Parameter(torch.empty(1, config.num_patches, config.hidden_size))
+        self.position_encoding = (
+            HypformerPositionalEncoding(config) if config.position_embedding == "hypformer" else None)
         self.cls_token = nn.Parameter(torch.empty(config.hidden_size)) if config.readout == "cls" else None
         self.init_parameters()
 
@@ -511,7 +551,7 @@ class PolarViTEmbeddings(nn.Module):
     def positions(self, grid: tuple[int, int], dtype: torch.dtype) -> Tensor | None:
         """Position table for ``grid``; learned tables are bicubically interpolated when asked to."""
         kind = self.config.position_embedding
-        if kind == "none":
+        if kind in ("none", "hypformer"):
             return None
         if kind == "sincos":  # computed on the fly: cheap, and never a stale buffer after meta-device loading
             device = self.patch_projection.weight.device
@@ -541,6 +581,8 @@ class PolarViTEmbeddings(nn.Module):
         positions = self.positions(grid, tokens.dtype)
         if positions is not None:
             tokens = ops.from_space(ops.space(tokens) + positions)
+        if self.position_encoding is not None:
+            tokens = self.position_encoding(tokens, ops)
         num_prefix = 0
         if self.cls_token is not None:
             cls = ops.from_space(self.cls_token.to(tokens.dtype)).expand(batch, 1, -1)

@@ -29,6 +29,8 @@ SWITCHES = [
     dict(head="tangent_linear"),
     dict(position_embedding="sincos"),
     dict(position_embedding="none"),
+    dict(position_embedding="hypformer"),
+    dict(head_merge="beta_concat"),
     dict(k=0.5),
 ]
 
