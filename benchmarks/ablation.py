@@ -8,6 +8,7 @@ overrides of that row:
 
 - ``default``: learned absolute positions, horoshift relative encoding, direct concatenation of heads;
 - ``no_relative``: ``relative_position=none`` (the paper's horoshift-vs-none ablation row);
+- ``no_absolute``: ``position_embedding=none`` (no absolute positions: what ``hypformer`` replaces the table by);
 - ``hypformer``: ``position_embedding=hypformer`` (Hypformer's learnable encoding instead of the table);
 - ``beta_concat``: ``head_merge=beta_concat`` (HNN++ beta-split projections and beta-concatenation);
 - ``hypformer+beta_concat``: both.
@@ -27,6 +28,7 @@ from polar_vit_hf.benchmarks.digits_demo import plot, print_table, train_runs
 ROWS = {
     "default": {},
     "no_relative": {"relative_position": "none"},
+    "no_absolute": {"position_embedding": "none"},
     "hypformer": {"position_embedding": "hypformer"},
     "beta_concat": {"head_merge": "beta_concat"},
     "hypformer+beta_concat": {"position_embedding": "hypformer", "head_merge": "beta_concat"},

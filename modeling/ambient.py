@@ -18,16 +18,20 @@ from torch import Tensor
 from .geometry import Curvature, _check_axis, _sqrt_k, beta_coefficient
 
 __all__ = [
+    "beta_concat",
+    "beta_split",
     "boost",
     "busemann_nu",
     "centroid",
     "direct_concat",
     "distance",
+    "exp_origin",
     "expmap",
     "from_space",
     "gyroadd",
     "horoshift",
     "inner",
+    "log_origin",
     "logmap",
     "pairwise_sq_distance",
     "project_grad",
