@@ -63,6 +63,14 @@ def step_fn(impl, inputs):
     return run
 
 
+EAGER_PAIR_TENSORS = 18  # B x H x N x N float32 tensors eager autograd keeps per attention call (profiled)
+
+
+def eager_bytes(batch: int, heads: int, n: int) -> int:
+    """Memory the eager reference needs for one forward + backward: its N x N tensors."""
+    return EAGER_PAIR_TENSORS * batch * heads * n * n * 4
+
+
 def measure(impl, batch, heads, n, dim, device, repeats):
     """Median seconds and peak memory (MiB) of one forward + backward."""
     import torch
@@ -157,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(impl, n) for n in args.sizes for impl in impls]
     for impl, n in tqdm(jobs, desc="attention", unit="run"):
         if cuda:
+            if impl == "eager" and eager_bytes(batch, heads, n) > 0.5 * torch.cuda.mem_get_info()[0]:
+                tqdm.write(f"eager N={n}: skipped (would keep ~{eager_bytes(batch, heads, n) / 2**30:.0f} GiB)")
+                results[(impl, n)] = (float("nan"), float("nan"))
+                continue
             results[(impl, n)] = measure(impl, batch, heads, n, dim, "cuda", args.repeats)
             continue
         command = [sys.executable, __file__, "--one", f"{impl},{n}", "--device", "cpu", "--batch", str(batch),

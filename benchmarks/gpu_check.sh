@@ -1,15 +1,101 @@
 #!/usr/bin/env bash
-# GPU check of the fused polar attention, for the day a CUDA machine is lent. Installs nothing.
-#  1. correctness: Triton forward + backward (and the chunked path) against the float64 eager
-#     reference, head widths 16 and 64, N = 100 and 256 (non-multiples of the block size);
-#  2. timing and peak memory of forward + backward: triton vs eager polar vs Euclidean SDPA,
-#     batch 8, 12 heads, head width 64, N = 256 ... 4096 (table + outputs/gpu_check/attention.png).
-# Finishes in well under 5 minutes on one H100/H200-class GPU (most of it Triton compilation).
-set -euo pipefail
+# One-call GPU check of Polar-ViT: Triton kernels, correctness on CUDA, timings. Fetches nothing.
+#
+#   bash benchmarks/gpu_check.sh            # on a CUDA machine (the stage time limits add up to 7.3 minutes)
+#   bash benchmarks/gpu_check.sh --dry-run  # anywhere: argument parsing, the install step (pip --dry-run),
+#                                           # the skip logic and one kernel report; nothing runs on a GPU
+#
+# Needs python with torch, triton, transformers, pytest (no datasets / evaluate). Results (logs, CSV,
+# PNG) go to $OUT if set, else outputs/gpu_check/. Compiled kernels are cached in .triton_cache/.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=${PYTHON:-python3}; fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+DRY_RUN=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (use --dry-run or --help)" >&2; exit 2 ;;
+  esac
+done
+PY=${PYTHON:-python3}
+OUT_DIR=${OUT:-outputs/gpu_check}
+mkdir -p "$OUT_DIR"
+export TRITON_CACHE_DIR="$PWD/.triton_cache"
 unset TRITON_INTERPRET
-"$PY" -c "import torch, triton; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
-timeout 290 "$PY" benchmarks/attention.py --device cuda --check --check-dims 16 64 \
-    --sizes 256 512 1024 2048 4096 --repeats 10 --out outputs/gpu_check
+START=$SECONDS
+FAILED=()
+stage() { echo; echo "== [$((SECONDS - START)) s] $*"; }
+
+stage "install: pip install --no-index --no-deps --no-build-isolation -e ."
+if [ "$DRY_RUN" = 1 ]; then
+  "$PY" -m pip install --dry-run --no-index --no-deps --no-build-isolation -e . || exit 1
+else
+  timeout 30 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+fi
+
+stage "environment"
+HAS_CUDA=$("$PY" -c "
+import sys, torch, triton, transformers
+cuda = torch.cuda.is_available()
+where = torch.cuda.get_device_name() if cuda else 'no CUDA device'
+print(f'torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}: {where}',
+      file=sys.stderr)
+print(int(cuda))") || exit 1
+if [ "$HAS_CUDA" != 1 ] && [ "$DRY_RUN" != 1 ]; then
+  echo "no CUDA device: run with --dry-run to check the script without one" >&2
+  exit 1
+fi
+ARCH=$("$PY" -c "
+import torch
+major, minor = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
+print('sm_90' if (major, minor) >= (9, 0) else 'sm_80')")
+
+run_gpu() {  # run_gpu LABEL SECONDS COMMAND...: run it on the GPU (log in $OUT_DIR), or list it when there is none
+  local label=$1 limit=$2
+  shift 2
+  stage "$label (limit ${limit} s)"
+  if [ "$HAS_CUDA" != 1 ]; then
+    echo "skipped, no GPU: $*"
+    return 0
+  fi
+  timeout "$limit" "$@" 2>&1 | tee "$OUT_DIR/$(echo "$label" | tr -c 'a-zA-Z0-9\n' '_').log"
+  local status=${PIPESTATUS[0]}
+  if [ "$status" != 0 ]; then
+    echo "!! $label: exit status $status$([ "$status" = 124 ] && echo ' (time limit)')"
+    FAILED+=("$label")
+  fi
+}
+
+stage "registers and spills of the default launch configurations ($ARCH; no GPU needed)"
+if [ "$DRY_RUN" = 1 ]; then
+  "$PY" benchmarks/triton_report.py --head-dims 16 --arch "$ARCH" --kernels fwd --out "$OUT_DIR" || FAILED+=(report)
+else
+  timeout 60 "$PY" benchmarks/triton_report.py --head-dims 16 64 128 --arch "$ARCH" --out "$OUT_DIR" \
+    || FAILED+=("report (spills or time limit)")
+fi
+
+run_gpu "attention tests on CUDA" 100 \
+  env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider tests/test_attention.py -k triton
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ -n "$SANITIZER" ]; then
+  run_gpu "compute-sanitizer memcheck" 40 "$SANITIZER" --tool memcheck --error-exitcode 1 \
+    "$PY" benchmarks/attention.py --device cuda --sizes 100 --batch 1 --heads 2 --dim 16 --impls triton \
+    --repeats 1 --out "$OUT_DIR/sanitizer"
+else
+  stage "compute-sanitizer memcheck"
+  echo "skipped: compute-sanitizer is not on PATH or in /usr/local/cuda/bin"
+fi
+run_gpu "attention: triton vs eager vs SDPA" 80 \
+  "$PY" benchmarks/attention.py --device cuda --sizes 256 512 1024 2048 4096 --repeats 10 --out "$OUT_DIR/attention"
+for preset in tiny-cifar small; do
+  run_gpu "training step $preset eager" 25 "$PY" benchmarks/step_time.py --device cuda --preset "$preset" \
+    --batch 64 --repeats 5 --models euclidean polar --out "$OUT_DIR/step_${preset}_eager"
+  run_gpu "training step $preset compiled" 40 "$PY" benchmarks/step_time.py --device cuda --preset "$preset" \
+    --batch 64 --repeats 5 --models euclidean polar --compile --out "$OUT_DIR/step_${preset}_compiled"
+done
+
+stage "done in $((SECONDS - START)) s; results in $OUT_DIR"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  printf '!! failed: %s\n' "${FAILED[@]}"
+  exit 1
+fi

@@ -1,6 +1,6 @@
 """Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
 
-Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile]
+Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile] [--device cuda]
           [--models euclidean ambient polar-reference polar polar-chunked]
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic, Polar-ViT in polar arithmetic
@@ -51,20 +51,23 @@ def worker(args: argparse.Namespace) -> None:
             config.polar_attn_implementation = "chunked"
         model = P.PolarViTForImageClassification(config)
         P.geometry.set_input_checks(False)  # training loops validate inputs once, not per operation
-    model.train()
-    pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size)
-    labels = torch.randint(0, 100, (args.batch,))
+    device = torch.device(args.device)
+    model.to(device).train()
+    pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)
+    labels = torch.randint(0, 100, (args.batch,), device=device)
     step_fn = torch.compile(model) if args.compile else model
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step() -> None:
         loss = step_fn(pixel_values=pixels, labels=labels).loss
         loss.backward()
         model.zero_grad(set_to_none=True)
+        sync()
 
-    from polar_vit_hf.benchmarks._memory import peak_rss_growth
-
-    with peak_rss_growth() as growth:  # the first (cold) step: every buffer is allocated once
+    compile_start = time.perf_counter()
+    with peak_memory_growth(device) as growth:  # the first (cold) step: every buffer is allocated once
         step()
+    first_step_s = time.perf_counter() - compile_start
     saved = saved_bytes(model, lambda: step_fn(pixel_values=pixels, labels=labels).loss)
     for _ in range(args.warmup - 1):
         step()
@@ -80,7 +83,32 @@ def worker(args: argparse.Namespace) -> None:
         "peak_growth_mib": growth["mib"],
         "saved_mib": saved / 2**20,
         "params": sum(p.numel() for p in model.parameters()),
+        "first_step_s": first_step_s,
     }))
+
+
+def peak_memory_growth(device):
+    """Peak memory of the block: resident-set growth on the CPU, ``max_memory_allocated`` growth on CUDA."""
+    import contextlib
+
+    import torch
+
+    if device.type != "cuda":
+        from polar_vit_hf.benchmarks._memory import peak_rss_growth
+
+        return peak_rss_growth()
+
+    @contextlib.contextmanager
+    def cuda_growth():
+        result = {"mib": 0.0}
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield result
+        torch.cuda.synchronize(device)
+        result["mib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+    return cuda_growth()
 
 
 def saved_bytes(model, forward) -> int:
@@ -111,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="steps before timing (at least 1)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (long compile on CPU)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cuda: times with synchronisation, peak memory from max_memory_allocated")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
                         help="which models to time (ratios need euclidean / ambient among them)")
     parser.add_argument("--out", default="outputs/step_time")
@@ -125,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in tqdm(args.models, desc="models", unit="model"):
         command = [sys.executable, __file__, "--model", name, "--preset", args.preset, "--batch", str(args.batch),
-                   "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+                   "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads),
+                   "--device", args.device]
         if args.compile:
             command.append("--compile")
         done = subprocess.run(command, capture_output=True, text=True)
@@ -137,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"{results[name]['peak_growth_mib']:.0f} MiB peak, "
                    f"{results[name]['saved_mib']:.0f} MiB saved")  # kept if a later model fails
 
-    print(f"\n{args.preset}, batch {args.batch}, forward + backward, {args.threads} CPU threads, "
+    where = f"{args.threads} CPU threads" if args.device == "cpu" else "CUDA"
+    print(f"\n{args.preset}, batch {args.batch}, forward + backward, {where}, "
           f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}")
     print(f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {'peak RSS growth':>16} {'vs ViT':>7} "
           f"{'saved for bwd':>14} {'vs ViT':>7}")
@@ -162,10 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "step_time.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["model", "params", "median_s", "peak_growth_mib", "saved_mib"])
+        writer.writerow(["model", "params", "median_s", "peak_growth_mib", "saved_mib", "first_step_s"])
         for name in args.models:
             r = results[name]
-            writer.writerow([name, r["params"], r["median_s"], r["peak_growth_mib"], r["saved_mib"]])
+            writer.writerow([name, *(r[key] for key in ("params", "median_s", "peak_growth_mib", "saved_mib",
+                                                          "first_step_s"))])
     plot(results, labels, out / "step_time.png", args)
     print(f"wrote {out / 'step_time.csv'} and {out / 'step_time.png'}")
     return 0

@@ -7,10 +7,9 @@ gradients, one for the key/value gradients, no atomics).
 
 Numerics (float32):
 
-* chords ``1/2 ||u - v||^2`` are evaluated centred on a pivot direction (the mean key direction
-  for query/key chords, the mean value direction for value chords, App. D.1):
-  ``1/2 ||p||^2 + 1/2 ||q||^2 - p.q`` with ``p = u - pivot``, ``q = v - pivot`` via ``tl.dot``
-  in IEEE float32 (never ``1 - u.v``), so clustered directions keep their relative precision;
+* chords ``1/2 ||u - v||^2`` are summed from the exact coordinate differences (never ``1 - u.v``),
+  each coordinate loaded as a column and a row of the tile's own layout; the chord *gradients* are
+  centred on the mean key / value direction (Eq. 25) and formed with ``tl.dot`` in IEEE float32;
 * ``S`` of the centroid is carried through the key blocks exactly, as a sum of non-negative terms,
   with the identity proved in ``attention._ChunkedPolarAttention``:
   ``S_new = S_old + ||V_old|| 1/2 ||u_old - u_new||^2 + sum_j w_j sinh b_j 1/2 ||v_j - u_new||^2``;
@@ -91,54 +90,46 @@ if TRITON_AVAILABLE:
     @triton.jit
     def _chord(U, offs_m, mask_m, V, offs_n, mask_n, D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr):
-        """Exact ``1/2 ||u_i - v_j||^2`` from the coordinate differences (rows of ``U`` and ``V`` in memory)."""
+        """Exact ``1/2 ||u_i - v_j||^2`` from the coordinate differences (rows of ``U`` and ``V`` in memory).
+
+        Each coordinate is loaded as a column ``(BLOCK_M, 1)`` and a row ``(1, BLOCK_N)`` of the tile's
+        own layout, so the broadcast difference needs no layout conversion (no shared-memory trip).
+        """
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         for dd in range(D):
-            u = tl.load(U + offs_m * D + dd, mask=mask_m, other=0.0)
-            v = tl.load(V + offs_n * D + dd, mask=mask_n, other=0.0)
-            diff = u[:, None] - v[None, :]
+            u = tl.load(U + offs_m[:, None] * D + dd, mask=mask_m[:, None], other=0.0)
+            v = tl.load(V + offs_n[None, :] * D + dd, mask=mask_n[None, :], other=0.0)
+            diff = u - v
             acc += diff * diff
         return 0.5 * acc
 
     @triton.jit
-    def _chord_registers(u_tile, offs_d, V, offs_n, mask_n, D: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Exact chords between the rows of a register tile ``u_tile (BLOCK_M, D_PAD)`` and rows of ``V``."""
-        acc = tl.zeros((u_tile.shape[0], BLOCK_N), tl.float32)
-        for dd in range(D):
-            u = tl.sum(tl.where(offs_d[None, :] == dd, u_tile, 0.0), axis=1)
-            v = tl.load(V + offs_n * D + dd, mask=mask_n, other=0.0)
-            diff = u[:, None] - v[None, :]
-            acc += diff * diff
-        return 0.5 * acc
-
-    @triton.jit
-    def _scores_block(a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, KBAR_ROW, offs_n, mask_n, offs_d, mask_d, sqrt_k,
-                      k_val, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Haversine ``c``, query/key chord, squared distance, key radii and centred keys of one tile."""
+    def _scores_block(a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, offs_n, mask_n, sqrt_k, k_val,
+                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Haversine ``c`` (Eq. 5), query/key chord, squared distance and key radii of one tile."""
         a_k = tl.load(RK + offs_n, mask=mask_n, other=0.0) / sqrt_k
-        uk = tl.load(UK + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        qk = tl.where(mask_d[None, :], uk - KBAR_ROW[None, :], 0.0)
         chord = _chord(UQ, offs_m, mask_m, UK, offs_n, mask_n, D, BLOCK_M, BLOCK_N)
         gap = _sinh(0.5 * (a_q[:, None] - a_k[None, :]))
         c = 2.0 * gap * gap + sinh_a[:, None] * _sinh(a_k)[None, :] * chord
         d2 = 2.0 * k_val * c * _asinhc_half(c) * _asinhc_half(c)
-        return c, chord, d2, a_k, qk
+        return c, chord, d2, a_k
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n_q", "n_k"])
     def _polar_attention_fwd(
-        RQ, UQ, RK, UK, RV, UV, KBAR, SCALE, ROUT, UOUT, STATS,
+        RQ, UQ, RK, UK, RV, UV, SCALE, ROUT, UOUT, STATS,
         n_q, n_k, heads, sqrt_k, k_val,
         D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh = tl.program_id(0).to(tl.int64)  # (batch, head) slices on grid axis 0 (2^31 - 1 programs)
+        pid_m = tl.program_id(1)
         scale = tl.load(SCALE + bh % heads)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D_PAD)
         mask_m, mask_d = offs_m < n_q, offs_d < D
+        tile_m = offs_m[:, None] * D + offs_d[None, :]
+        mask_md = mask_m[:, None] & mask_d[None, :]
         RQ, UQ, ROUT, UOUT = RQ + bh * n_q, UQ + bh * n_q * D, ROUT + bh * n_q, UOUT + bh * n_q * D
         RK, UK, RV, UV = RK + bh * n_k, UK + bh * n_k * D, RV + bh * n_k, UV + bh * n_k * D
-        kbar = tl.load(KBAR + bh * D + offs_d, mask=mask_d, other=0.0)
         a_q = tl.load(RQ + offs_m, mask=mask_m, other=0.0) / sqrt_k
         sinh_a = _sinh(a_q)
         m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -147,12 +138,14 @@ if TRITON_AVAILABLE:
         e_i = tl.zeros((BLOCK_M,), tl.float32)
         s_i = tl.zeros((BLOCK_M,), tl.float32)
         v_acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-        u_hat = tl.zeros((BLOCK_M, D_PAD), tl.float32)
+        # the running direction u_hat lives in this program's rows of UOUT: the value chords read it
+        # column by column (as _chord does), and it is the output direction at the end
+        tl.store(UOUT + tile_m, tl.zeros((BLOCK_M, D_PAD), tl.float32), mask=mask_md)
         for start in range(0, n_k, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < n_k
-            c, chord, d2, a_k, qk = _scores_block(a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, kbar, offs_n, mask_n,
-                                                  offs_d, mask_d, sqrt_k, k_val, D, BLOCK_M, BLOCK_N)
+            c, chord, d2, a_k = _scores_block(a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, offs_n, mask_n, sqrt_k, k_val,
+                                              D, BLOCK_M, BLOCK_N)
             scores = tl.where(mask_n[None, :], -scale * d2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, axis=1))
             alpha = tl.exp(m_i - m_new)
@@ -167,18 +160,20 @@ if TRITON_AVAILABLE:
             v_acc = v_acc * alpha[:, None] + tl.dot(w, uv, input_precision="ieee")
             v_norm = tl.sqrt(tl.sum(v_acc * v_acc, axis=1))
             u_new = v_acc / tl.where(v_norm > 0, v_norm, 1.0)[:, None]
-            step = u_hat - u_new
-            chord_v = _chord_registers(u_new, offs_d, UV, offs_n, mask_n, D, BLOCK_N)
-            s_i = s_i * alpha + v_old_norm * 0.5 * tl.sum(step * step, axis=1) + tl.sum(w * chord_v, axis=1)
-            u_hat = u_new
+            step = tl.load(UOUT + tile_m, mask=mask_md, other=0.0) - u_new
+            step_sq = tl.sum(step * step, axis=1)
+            tl.debug_barrier()  # every thread has read the old direction ...
+            tl.store(UOUT + tile_m, u_new, mask=mask_md)
+            tl.debug_barrier()  # ... and sees the new one
+            chord_v = _chord(UOUT, offs_m, mask_m, UV, offs_n, mask_n, D, BLOCK_M, BLOCK_N)
+            s_i = s_i * alpha + v_old_norm * 0.5 * step_sq + tl.sum(w * chord_v, axis=1)
             m_i = m_new
         v_norm = tl.sqrt(tl.sum(v_acc * v_acc, axis=1))
         degenerate = v_norm <= 0
         log_sinh = tl.log(tl.where(degenerate, 1.0, v_norm)) - 0.5 * tl.log(e_i + s_i) - 0.5 * tl.log(t_i + v_norm)
         a_mu = tl.where(degenerate, 0.0, _asinh_exp(log_sinh))
         tl.store(ROUT + offs_m, a_mu * sqrt_k, mask=mask_m)
-        tl.store(UOUT + offs_m[:, None] * D + offs_d[None, :], u_hat, mask=mask_m[:, None] & mask_d[None, :])
-        rows = tl.num_programs(1) * n_q  # stride between the statistics
+        rows = tl.num_programs(0).to(tl.int64) * n_q  # stride between the statistics
         base = STATS + bh * n_q + offs_m
         tl.store(base, m_i, mask=mask_m)
         tl.store(base + rows, l_i, mask=mask_m)
@@ -189,17 +184,16 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _tile_backward(
-        RQ, UQ, RK, UK, RV, UV, KBAR, UHAT, STATS, GT, GE, GV, ROWDOT,
+        RQ, UQ, RK, UK, RV, UV, UHAT, STATS, GT, GE, GV, ROWDOT,
         offs_m, mask_m, offs_n, mask_n, offs_d, mask_d, rows, scale, sqrt_k, k_val,
         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         """Recompute one (query block, key block) tile: probabilities, dL/dp and dL/dc (pointers offset to b, h)."""
         valid = mask_m[:, None] & mask_n[None, :]
-        kbar = tl.load(KBAR + offs_d, mask=mask_d, other=0.0)
         a_q = tl.load(RQ + offs_m, mask=mask_m, other=0.0) / sqrt_k
         sinh_a = _sinh(a_q)
-        c, chord, d2, a_k, qk = _scores_block(a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, kbar, offs_n, mask_n,
-                                              offs_d, mask_d, sqrt_k, k_val, D, BLOCK_M, BLOCK_N)
+        c, chord, d2, a_k = _scores_block(a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, offs_n, mask_n, sqrt_k, k_val,
+                                          D, BLOCK_M, BLOCK_N)
         m_i = tl.load(STATS + offs_m, mask=mask_m, other=0.0)
         l_i = tl.load(STATS + rows + offs_m, mask=mask_m, other=1.0)
         p = tl.where(valid, tl.exp(-scale * d2 - m_i[:, None]) / l_i[:, None], 0.0)
@@ -217,23 +211,23 @@ if TRITON_AVAILABLE:
         g_score = p * (g_p - row_dot[:, None])
         ratio = _asinhc_half(c) / tl.sqrt(1.0 + 0.5 * c)  # D / sinh D
         g_c = tl.where(valid, -scale * g_score * 2.0 * k_val * ratio, 0.0)
-        return p, g_p, g_score, g_c, c, chord, d2, a_q, sinh_a, a_k, qk, b, uv, chord_v, sinh_b, cosh_b, exp_b, \
+        return p, g_p, g_score, g_c, chord, d2, a_q, sinh_a, a_k, uv, gv_dot, chord_v, sinh_b, cosh_b, exp_b, \
             g_t, g_e, g_v
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n_q", "n_k"])
     def _polar_attention_bwd_q(
-        RQ, UQ, RK, UK, RV, UV, KBAR, VBAR, SCALE, STATS, UHAT, GT, GE, GV, ROWDOT,
+        RQ, UQ, RK, UK, RV, UV, KBAR, SCALE, STATS, UHAT, GT, GE, GV, ROWDOT,
         GAQ, GUQ, GSCALE,
         n_q, n_k, heads, sqrt_k, k_val,
         D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh = tl.program_id(0).to(tl.int64)
+        pid_m = tl.program_id(1)
         scale = tl.load(SCALE + bh % heads)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D_PAD)
         mask_m, mask_d = offs_m < n_q, offs_d < D
-        rows = tl.num_programs(1) * n_q
+        rows = tl.num_programs(0).to(tl.int64) * n_q
         RQ, UQ, UHAT, STATS, GT, GE, GV, ROWDOT = (RQ + bh * n_q, UQ + bh * n_q * D, UHAT + bh * n_q * D,
                                                     STATS + bh * n_q, GT + bh * n_q, GE + bh * n_q,
                                                     GV + bh * n_q * D, ROWDOT + bh * n_q)
@@ -242,7 +236,7 @@ if TRITON_AVAILABLE:
         row_dot = tl.zeros((BLOCK_M,), tl.float32)
         for start in range(0, n_k, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            tile = _tile_backward(RQ, UQ, RK, UK, RV, UV, KBAR, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m, mask_m,
+            tile = _tile_backward(RQ, UQ, RK, UK, RV, UV, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m, mask_m,
                                   offs_n, offs_n < n_k, offs_d, mask_d, rows, scale, sqrt_k, k_val, D,
                                   BLOCK_M, BLOCK_N)
             row_dot += tl.sum(tile[0] * tile[1], axis=1)
@@ -256,35 +250,40 @@ if TRITON_AVAILABLE:
         g_scale = tl.zeros((BLOCK_M,), tl.float32)
         for start in range(0, n_k, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            p, g_p, g_score, g_c, c, chord, d2, a_q, sinh_a, a_k, qk, b, uv, chord_v, sinh_b, cosh_b, exp_b, \
-                g_t, g_e, g_v = _tile_backward(RQ, UQ, RK, UK, RV, UV, KBAR, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m,
-                                               mask_m, offs_n, offs_n < n_k, offs_d, mask_d, rows, scale, sqrt_k,
+            mask_n = offs_n < n_k
+            p, g_p, g_score, g_c, chord, d2, a_q, sinh_a, a_k, uv, gv_dot, chord_v, sinh_b, cosh_b, exp_b, \
+                g_t, g_e, g_v = _tile_backward(RQ, UQ, RK, UK, RV, UV, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m,
+                                               mask_m, offs_n, mask_n, offs_d, mask_d, rows, scale, sqrt_k,
                                                k_val, D, BLOCK_M, BLOCK_N)
             g_scale += tl.sum(g_score * d2, axis=1)
             sinh_bk = _sinh(a_k)
             g_a += tl.sum(g_c * (_sinh(a_q[:, None] - a_k[None, :]) + _cosh(a_q)[:, None] * sinh_bk[None, :] * chord),
                           axis=1)
             g_chord = g_c * sinh_a[:, None] * sinh_bk[None, :]
+            uk = tl.load(UK + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            qk = tl.where(mask_d[None, :], uk - kbar[None, :], 0.0)
             g_u += pq * tl.sum(g_chord, axis=1)[:, None] - tl.dot(g_chord, qk, input_precision="ieee")
         tl.store(GAQ + bh * n_q + offs_m, g_a / sqrt_k, mask=mask_m)  # outputs: offset here
         tl.store(GUQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], g_u,
                  mask=mask_m[:, None] & mask_d[None, :])
         tl.store(GSCALE + bh * n_q + offs_m, -g_scale, mask=mask_m)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n_q", "n_k"])
     def _polar_attention_bwd_kv(
         RQ, UQ, RK, UK, RV, UV, KBAR, VBAR, SCALE, STATS, UHAT, GT, GE, GV, ROWDOT,
         GAK, GUK, GBV, GUV,
         n_q, n_k, heads, sqrt_k, k_val,
-        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr,
     ):
-        pid_n = tl.program_id(0)
-        bh = tl.program_id(1)
+        # PART 0: key and value gradients; 1: keys only; 2: values only (wide heads: two launches,
+        # each with half the head-wide accumulators live, so that nothing spills)
+        bh = tl.program_id(0).to(tl.int64)
+        pid_n = tl.program_id(1)
         scale = tl.load(SCALE + bh % heads)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, D_PAD)
         mask_n, mask_d = offs_n < n_k, offs_d < D
-        rows = tl.num_programs(1) * n_q
+        rows = tl.num_programs(0).to(tl.int64) * n_q
         RQ, UQ, UHAT, STATS, GT, GE, GV, ROWDOT = (RQ + bh * n_q, UQ + bh * n_q * D, UHAT + bh * n_q * D,
                                                     STATS + bh * n_q, GT + bh * n_q, GE + bh * n_q,
                                                     GV + bh * n_q * D, ROWDOT + bh * n_q)
@@ -299,36 +298,78 @@ if TRITON_AVAILABLE:
             offs_m = start + tl.arange(0, BLOCK_M)
             mask_m = offs_m < n_q
             mask2d = mask_m[:, None] & mask_d[None, :]
-            p, g_p, g_score, g_c, c, chord, d2, a_q, sinh_a, a_k, qk, b, uv, chord_v, sinh_b, cosh_b, exp_b, \
-                g_t, g_e, g_v = _tile_backward(RQ, UQ, RK, UK, RV, UV, KBAR, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m,
+            p, g_p, g_score, g_c, chord, d2, a_q, sinh_a, a_k, uv, gv_dot, chord_v, sinh_b, cosh_b, exp_b, \
+                g_t, g_e, g_v = _tile_backward(RQ, UQ, RK, UK, RV, UV, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m,
                                                mask_m, offs_n, mask_n, offs_d, mask_d, rows, scale, sqrt_k, k_val,
                                                D, BLOCK_M, BLOCK_N)
-            g_bv += tl.sum(p * (g_t[:, None] * sinh_b[None, :] + tl.dot(g_v, tl.trans(uv), input_precision="ieee")
-                                * cosh_b[None, :] - g_e[:, None] * exp_b[None, :]
-                                + g_e[:, None] * cosh_b[None, :] * chord_v), axis=0)
-            u_hat = tl.load(UHAT + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
-            ph = tl.where(mask_d[None, :], u_hat - vbar[None, :], 0.0)
-            qv = tl.where(mask_d[None, :], uv - vbar[None, :], 0.0)
-            w_s = p * g_e[:, None] * sinh_b[None, :]
-            g_uv += (tl.dot(tl.trans(p * sinh_b[None, :]), g_v, input_precision="ieee")
-                     + qv * tl.sum(w_s, axis=0)[:, None] - tl.dot(tl.trans(w_s), ph, input_precision="ieee"))
-            uq = tl.load(UQ + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
-            pq = tl.where(mask_d[None, :], uq - kbar[None, :], 0.0)
-            g_ak += tl.sum(g_c * (_sinh(a_k[None, :] - a_q[:, None]) + sinh_a[:, None] * _cosh(a_k)[None, :] * chord),
-                           axis=0)
-            g_chord = g_c * sinh_a[:, None] * _sinh(a_k)[None, :]
-            g_uk += qk * tl.sum(g_chord, axis=0)[:, None] - tl.dot(tl.trans(g_chord), pq, input_precision="ieee")
+            if PART != 1:
+                g_bv += tl.sum(p * (g_t[:, None] * sinh_b[None, :] + gv_dot * cosh_b[None, :]
+                                    - g_e[:, None] * exp_b[None, :] + g_e[:, None] * cosh_b[None, :] * chord_v),
+                               axis=0)
+                u_hat = tl.load(UHAT + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
+                ph = tl.where(mask_d[None, :], u_hat - vbar[None, :], 0.0)
+                qv = tl.where(mask_d[None, :], uv - vbar[None, :], 0.0)
+                w_s = p * g_e[:, None] * sinh_b[None, :]
+                g_uv += (tl.dot(tl.trans(p * sinh_b[None, :]), g_v, input_precision="ieee")
+                         + qv * tl.sum(w_s, axis=0)[:, None] - tl.dot(tl.trans(w_s), ph, input_precision="ieee"))
+            if PART != 2:
+                uq = tl.load(UQ + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
+                pq = tl.where(mask_d[None, :], uq - kbar[None, :], 0.0)
+                g_ak += tl.sum(g_c * (_sinh(a_k[None, :] - a_q[:, None])
+                                      + sinh_a[:, None] * _cosh(a_k)[None, :] * chord), axis=0)
+                g_chord = g_c * sinh_a[:, None] * _sinh(a_k)[None, :]
+                uk = tl.load(UK + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :],
+                             other=0.0)
+                qk = tl.where(mask_d[None, :], uk - kbar[None, :], 0.0)
+                g_uk += qk * tl.sum(g_chord, axis=0)[:, None] - tl.dot(tl.trans(g_chord), pq, input_precision="ieee")
         col2d = offs_n[:, None] * D + offs_d[None, :]
         maskn2d = mask_n[:, None] & mask_d[None, :]
-        tl.store(GAK + bh * n_k + offs_n, g_ak / sqrt_k, mask=mask_n)
-        tl.store(GUK + bh * n_k * D + col2d, g_uk, mask=maskn2d)
-        tl.store(GBV + bh * n_k + offs_n, g_bv / sqrt_k, mask=mask_n)
-        tl.store(GUV + bh * n_k * D + col2d, g_uv, mask=maskn2d)
+        if PART != 2:
+            tl.store(GAK + bh * n_k + offs_n, g_ak / sqrt_k, mask=mask_n)
+            tl.store(GUK + bh * n_k * D + col2d, g_uk, mask=maskn2d)
+        if PART != 1:
+            tl.store(GBV + bh * n_k + offs_n, g_bv / sqrt_k, mask=mask_n)
+            tl.store(GUV + bh * n_k * D + col2d, g_uv, mask=maskn2d)
 
 
-def _launch_config(head_dim: int, block_m: int | None, block_n: int | None) -> tuple[int, int, int]:
-    d_pad = max(16, triton.next_power_of_2(head_dim))
-    return d_pad, block_m or 64, block_n or 64
+# Default launch configuration per kernel and padded head width (the next power of two >= D, at
+# least 16): (BLOCK_M, BLOCK_N, num_warps, num_stages), the largest blocks that do not spill on
+# sm_90 and sm_80 (``python benchmarks/triton_report.py``; ieee float32 ``tl.dot`` runs on FMA units,
+# so its operands are registers).  From ``SPLIT_KV_FROM`` on, the key and the value gradients are
+# two launches of the dk/dv kernel (``PART`` 1 and 2).
+LAUNCH_CONFIGS: dict[str, dict[int, tuple[int, int, int, int]]] = {
+    "fwd": {16: (64, 32, 8, 1), 32: (64, 32, 8, 1), 64: (32, 64, 8, 1), 128: (32, 16, 8, 1)},
+    "bwd_q": {16: (32, 32, 8, 1), 32: (32, 32, 8, 1), 64: (32, 16, 8, 1), 128: (32, 16, 8, 1)},
+    "bwd_kv": {16: (32, 32, 8, 1), 32: (16, 32, 8, 1), 64: (32, 16, 8, 1), 128: (16, 32, 8, 1)},
+}
+SPLIT_KV_FROM = 128
+KERNEL_NAMES = {"fwd": "_polar_attention_fwd", "bwd_q": "_polar_attention_bwd_q", "bwd_kv": "_polar_attention_bwd_kv"}
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The register width of a head: the next power of two, at least 16 (``tl.dot`` needs K >= 16)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def kv_parts(head_dim: int) -> tuple[int, ...]:
+    """``PART`` values of the dk/dv launches: ``(0,)`` (one launch), or ``(1, 2)`` for wide heads."""
+    return (1, 2) if padded_head_dim(head_dim) >= SPLIT_KV_FROM else (0,)
+
+
+def launch_config(kernel: str, head_dim: int, block_m: int | None = None, block_n: int | None = None
+                  ) -> dict[str, int]:
+    """``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` of ``kernel`` (``fwd``, ``bwd_q``, ``bwd_kv``).
+
+    Defaults from :data:`LAUNCH_CONFIGS` (the widest tabulated width for wider heads); user block
+    sizes must be powers of two >= 16 (``tl.dot`` needs 16 on every Triton this package supports).
+    """
+    d_pad = padded_head_dim(head_dim)
+    table = LAUNCH_CONFIGS[kernel]
+    bm, bn, warps, stages = table.get(d_pad, table[max(table)])
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if value is not None and (value < 16 or value & (value - 1)):
+            raise ValueError(f"{name}={value}: Triton blocks must be powers of two >= 16")
+    return dict(BLOCK_M=block_m or bm, BLOCK_N=block_n or bn, num_warps=warps, num_stages=stages)
 
 
 class _TritonPolarAttention(torch.autograd.Function):
@@ -345,20 +386,20 @@ class _TritonPolarAttention(torch.autograd.Function):
         r_out = torch.empty_like(flat[0])
         u_out = torch.empty_like(flat[1])
         stats = torch.empty(6, batch * heads, n_q, dtype=torch.float32, device=uq.device)
-        d_pad, bm, bn = _launch_config(dim, block_m, block_n)
-        grid = (triton.cdiv(n_q, bm), batch * heads)
-        _polar_attention_fwd[grid](*flat, kbar, scale32, r_out, u_out, stats, n_q, n_k, heads,
-                                   math.sqrt(k), float(k), D=dim, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn)
+        cfg = launch_config("fwd", dim, block_m, block_n)
+        with _on_device(uq.device):
+            _polar_attention_fwd[(batch * heads, triton.cdiv(n_q, cfg["BLOCK_M"]))](
+                *flat, scale32, r_out, u_out, stats, n_q, n_k, heads, math.sqrt(k), float(k), D=dim,
+                D_PAD=padded_head_dim(dim), **cfg)
         ctx.save_for_backward(*flat, kbar, vbar, scale32, stats, r_out, u_out)
-        ctx.meta = (batch, heads, n_q, n_k, dim, float(k), bm, bn, rq.dtype, scale.dtype)
+        ctx.meta = (batch, heads, n_q, n_k, dim, float(k), block_m, block_n, rq.dtype, scale.dtype)
         shape_r, shape_u = (batch, heads, n_q), (batch, heads, n_q, dim)
         return r_out.view(shape_r).to(rq.dtype), u_out.view(shape_u).to(uq.dtype)
 
     @staticmethod
     def backward(ctx, grad_r, grad_u):  # noqa: D102
-
         rq, uq, rk, uk, rv, uv, kbar, vbar, scale, stats, r_out, u_out = ctx.saved_tensors
-        batch, heads, n_q, n_k, dim, k, bm, bn, dtype, scale_dtype = ctx.meta
+        batch, heads, n_q, n_k, dim, k, block_m, block_n, dtype, scale_dtype = ctx.meta
         sk = math.sqrt(k)
         grad_r = grad_r.reshape(batch * heads, n_q).float()
         grad_u = grad_u.reshape(batch * heads, n_q, dim).float()
@@ -367,13 +408,16 @@ class _TritonPolarAttention(torch.autograd.Function):
         g_aq, g_uq = torch.empty_like(rq), torch.empty_like(uq)
         g_scale_rows = torch.empty_like(rq)
         g_ak, g_uk, g_bv, g_uv = torch.empty_like(rk), torch.empty_like(uk), torch.empty_like(rv), torch.empty_like(uv)
-        d_pad = max(16, triton.next_power_of_2(dim))
-        common = (rq, uq, rk, uk, rv, uv, kbar, vbar, scale, stats, u_out, g_t, g_e, g_v, row_dot)
-        sizes = dict(D=dim, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn)
-        _polar_attention_bwd_q[(triton.cdiv(n_q, bm), batch * heads)](
-            *common, g_aq, g_uq, g_scale_rows, n_q, n_k, heads, sk, k, **sizes)
-        _polar_attention_bwd_kv[(triton.cdiv(n_k, bn), batch * heads)](
-            *common, g_ak, g_uk, g_bv, g_uv, n_q, n_k, heads, sk, k, **sizes)
+        rows = (rq, uq, rk, uk, rv, uv, kbar)
+        tail = (scale, stats, u_out, g_t, g_e, g_v, row_dot)
+        sizes = dict(D=dim, D_PAD=padded_head_dim(dim))
+        cfg_q, cfg_kv = launch_config("bwd_q", dim, block_m, block_n), launch_config("bwd_kv", dim, block_m, block_n)
+        with _on_device(uq.device):
+            _polar_attention_bwd_q[(batch * heads, triton.cdiv(n_q, cfg_q["BLOCK_M"]))](
+                *rows, *tail, g_aq, g_uq, g_scale_rows, n_q, n_k, heads, sk, k, **sizes, **cfg_q)
+            for part in kv_parts(dim):
+                _polar_attention_bwd_kv[(batch * heads, triton.cdiv(n_k, cfg_kv["BLOCK_N"]))](
+                    *rows, vbar, *tail, g_ak, g_uk, g_bv, g_uv, n_q, n_k, heads, sk, k, **sizes, **cfg_kv, PART=part)
         g_scale = g_scale_rows.view(batch, heads, n_q).sum(dim=(0, 2))
 
         def back(t, *shape):
@@ -381,6 +425,13 @@ class _TritonPolarAttention(torch.autograd.Function):
 
         return (back(g_aq, n_q), back(g_uq, n_q, dim), back(g_ak, n_k), back(g_uk, n_k, dim), back(g_bv, n_k),
                 back(g_uv, n_k, dim), g_scale.to(scale_dtype), None, None, None)
+
+
+def _on_device(device: torch.device):
+    """Launch on the tensors' GPU (not the current one): a device guard for CUDA, nothing otherwise."""
+    import contextlib
+
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def triton_polar_attention(

@@ -1,4 +1,4 @@
-"""Test configuration: offline Hugging Face, Triton interpreter, deterministic torch.
+"""Test configuration: offline Hugging Face, Triton interpreter (or a GPU), deterministic torch.
 
 Environment variables must be set before transformers / huggingface_hub / triton are imported,
 so they are set here at collection time.
@@ -7,7 +7,10 @@ so they are set here at collection time.
 import os
 import tempfile
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on CPU tensors
+# POLAR_VIT_TEST_DEVICE=cuda (benchmarks/gpu_check.sh) runs the Triton tests on the GPU; otherwise
+# the kernels run on CPU tensors in Triton's interpreter
+if os.environ.get("POLAR_VIT_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -15,6 +15,7 @@ largest entry overall, for inputs whose exact gradient vanishes, e.g. identical 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -143,12 +144,26 @@ def test_chunked_never_builds_an_n_n_d_tensor():
 # --------------------------------------------------------------------------------------------
 # triton (interpreted on the CPU in this suite)
 # --------------------------------------------------------------------------------------------
+TEST_DEVICE = torch.device(os.environ.get("POLAR_VIT_TEST_DEVICE", "cpu"))
+
+
+def on_test_device(fn):
+    """Run ``fn`` on copies of its tensor arguments on ``POLAR_VIT_TEST_DEVICE`` (the CPU and Triton's
+    interpreter by default, ``cuda`` in ``benchmarks/gpu_check.sh``); CPU results, differentiable."""
+
+    def run(*args):
+        moved = [a.to(TEST_DEVICE) if torch.is_tensor(a) else a for a in args]
+        return tuple(t.cpu() for t in fn(*moved))
+
+    return run
+
+
 @needs_triton
 @pytest.mark.parametrize("dim", [16, 32, 64])
 @pytest.mark.parametrize("n_q,n_k", [(32, 32), (37, 21)])
 def test_triton_matches_float64(dim, n_q, n_k):
     stored = make_inputs(batch=2, heads=2, n_q=n_q, n_k=n_k, dim=dim, seed=dim + n_q)
-    check(stored, lambda *a: triton_polar_attention(*a, block_m=32, block_n=32), k=0.8)
+    check(stored, on_test_device(lambda *a: triton_polar_attention(*a, block_m=32, block_n=32)), k=0.8)
 
 
 @needs_triton
@@ -156,7 +171,27 @@ def test_triton_matches_float64(dim, n_q, n_k):
                                        ("generic", 12.0)])
 def test_triton_edge_cases_and_radii(case, rmax):
     stored = make_inputs(batch=1, heads=2, n_q=19, n_k=23, dim=16, rmax=rmax, case=case, seed=7)
-    check(stored, lambda *a: triton_polar_attention(*a, block_m=32, block_n=16))
+    check(stored, on_test_device(lambda *a: triton_polar_attention(*a, block_m=32, block_n=16)))
+
+
+@needs_triton
+@pytest.mark.parametrize("dim", [16, 64, 128])
+def test_triton_default_launch_configuration(dim):
+    """The per-head-width default blocks (``launch_config``), sequence lengths that are not multiples;
+    at 128 the key and value gradients are two launches (``kv_parts``)."""
+    stored = make_inputs(batch=1, heads=1, n_q=17, n_k=35, dim=dim, rmax=8.0, seed=dim)
+    check(stored, on_test_device(lambda *a: triton_polar_attention(*a)))
+
+
+@needs_triton
+def test_triton_block_sizes_are_checked():
+    from polar_vit_hf.modeling.triton_attention import launch_config
+
+    with pytest.raises(ValueError, match="block_m=8"):
+        launch_config("fwd", 16, block_m=8)
+    with pytest.raises(ValueError, match="block_n=48"):
+        launch_config("bwd_kv", 16, block_n=48)
+    assert launch_config("bwd_q", 200)["BLOCK_M"] >= 16  # wider than the table: its widest entry
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,10 +234,12 @@ def test_model_gives_the_same_logits_and_gradients_with_every_implementation(imp
     expected = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     model.config.polar_attn_implementation = impl
-    other = model(x, labels=y)
+    device = TEST_DEVICE if impl == "triton" else torch.device("cpu")
+    model.to(device)
+    other = model(x.to(device), labels=y.to(device))
     other.loss.backward()
-    assert torch.allclose(other.logits, out.logits, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(other.logits.cpu(), out.logits, atol=1e-5, rtol=1e-4)
     overall = max(float(g.abs().max()) for g in expected.values())
     for name, param in model.named_parameters():
         tol = 1e-3 * expected[name].abs().max() + 1e-6 * overall
-        assert (param.grad - expected[name]).abs().max() <= tol, name
+        assert (param.grad.cpu() - expected[name]).abs().max() <= tol, name
