@@ -296,15 +296,26 @@ class PolarSelfAttention(nn.Module):
         """``gamma / tau_h`` per head."""
         return self.head_dim**-0.5 * torch.exp(-self.log_temperature)
 
+    def project(self, p: Tensor, ops: ManifoldOps) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values; fused, the three Polar-FCs (one input) run as one with stacked weights."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if not ops.fused:
+            return tuple(projection(p, ops) for projection in projections)
+        rules = [projection.rule_parameters() for projection in projections]
+        rule = None if rules[0] is None else tuple(torch.cat(parts) for parts in zip(*rules))
+        heads = self.q_proj.num_heads or 1
+        out = fused_polar_fc(p, torch.cat([projection.weight for projection in projections]), rule,
+                             self.q_proj.sqrt_k, 3 * heads)  # (B, N, 3 heads, d+1)
+        return tuple(t if self.q_proj.num_heads else t.squeeze(-2) for t in out.chunk(3, dim=-2))
+
     def forward(
         self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps, output_attentions: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        q, k, v = self.q_proj(p, ops), self.k_proj(p, ops), self.v_proj(p, ops)
+        q, k, v = self.project(p, ops)
         if self.beta_heads:  # (B, N, n+1) -> (B, N, H, d+1)
             q, k, v = (ops.beta_split_heads(t, self.num_heads) for t in (q, k, v))
-        if self.position is not None:
-            q = self.position(q, grid, num_prefix, ops)
-            k = self.position(k, grid, num_prefix, ops)
+        if self.position is not None:  # queries and keys move alike: one call on both
+            q, k = self.position(torch.cat([q, k]), grid, num_prefix, ops).chunk(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, d+1)
         implementation = select_implementation(self.config.polar_attn_implementation, output_attentions, p.device,
                                                p.shape[1], self.config.fused_ops)
