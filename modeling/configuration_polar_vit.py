@@ -41,6 +41,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                  intermediate_size=384, num_attention_heads=12, position_embedding="learned"),
     "small": dict(image_size=224, patch_size=16, num_hidden_layers=12, hidden_size=384,
                   intermediate_size=1536, num_attention_heads=6, position_embedding="sincos"),
+    # Fashion-MNIST on a CPU budget (28 x 28, 16 patches; training/recipes/fashion-mnist.yaml)
+    "fashion-cpu": dict(image_size=28, patch_size=7, num_hidden_layers=4, hidden_size=64,
+                        intermediate_size=128, num_attention_heads=4, position_embedding="learned",
+                        num_labels=10),
     # CPU demo (scikit-learn digits upsampled to 32 x 32)
     "demo": dict(image_size=32, patch_size=8, num_hidden_layers=2, hidden_size=48,
                  intermediate_size=96, num_attention_heads=4, position_embedding="learned",
@@ -202,7 +206,8 @@ class PolarViTConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> PolarViTConfig:
-        """A preset of DESIGN.md / Appendix D (``tiny-cifar``, ``base-cifar``, ``tiny``, ``small``, ``demo``)."""
+        """A preset of DESIGN.md / Appendix D (``tiny-cifar``, ``base-cifar``, ``tiny``, ``small``) or a CPU one
+        (``demo``, ``fashion-cpu``)."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
         kwargs = copy.deepcopy(PRESETS[name])

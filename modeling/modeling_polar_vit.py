@@ -252,6 +252,14 @@ class RotationEncoding(RelativePositionEncoding):
 RELATIVE_POSITION_CLASSES = {"horoshift": HoroshiftEncoding, "boost": BoostEncoding, "rotation": RotationEncoding}
 
 
+def _has_forward_hooks(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run forward (pre-)hooks, its own or global ones."""
+    from torch.nn.modules import module as torch_module
+
+    return bool(module._forward_hooks or module._forward_pre_hooks or torch_module._global_forward_hooks
+                or torch_module._global_forward_pre_hooks)
+
+
 class PolarSelfAttention(nn.Module):
     r"""Split-head polar attention, Eq. 9.
 
@@ -297,9 +305,10 @@ class PolarSelfAttention(nn.Module):
         return self.head_dim**-0.5 * torch.exp(-self.log_temperature)
 
     def project(self, p: Tensor, ops: ManifoldOps) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values; fused, the three Polar-FCs (one input) run as one with stacked weights."""
+        """Queries, keys and values.  Fused, the three Polar-FCs (one input) run as one with stacked weights,
+        unless a forward hook watches one of them (``calibration``, feature extraction): then each runs as itself."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        if not ops.fused:
+        if not ops.fused or any(_has_forward_hooks(projection) for projection in projections):
             return tuple(projection(p, ops) for projection in projections)
         rules = [projection.rule_parameters() for projection in projections]
         rule = None if rules[0] is None else tuple(torch.cat(parts) for parts in zip(*rules))

@@ -403,3 +403,20 @@ def test_pair_chords_from_the_float64_product_round_to_the_exact_float32_chord(s
     assert (spread <= 1e-4) == bool((~product).any())
     if spread == 0.0:
         assert torch.equal(got, torch.zeros_like(got))
+
+
+def test_stacked_qkv_projection_equals_the_three_polar_fcs_and_respects_hooks():
+    """Fused, Q/K/V run as one stacked Polar-FC; a forward hook on one of them makes each run as itself."""
+    torch.manual_seed(0)
+    for merge in ("direct_concat", "beta_concat"):
+        model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo", head_merge=merge)).double()
+        attention, ops = model.polar_vit.encoder[0].attention, model.polar_vit.ops
+        p = ops.make(torch.rand(2, 5, dtype=F64) * 4, directions(2, 5, 48))
+        stacked = attention.project(p, ops)
+        seen = []
+        handle = attention.k_proj.register_forward_hook(lambda module, args, out: seen.append(out))
+        each = attention.project(p, ops)
+        handle.remove()
+        assert len(seen) == 1 and torch.equal(seen[0], each[1])
+        for a, b in zip(stacked, each):
+            assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-13, atol=1e-13)

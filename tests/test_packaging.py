@@ -24,7 +24,7 @@ def test_editable_install_maps_the_single_modeling_folder():
 
 
 CONSOLE_SCRIPTS = ("polar-vit-pretrain", "polar-vit-finetune", "polar-vit-demo", "polar-vit-export",
-                   "polar-vit-verify", "polar-vit-push", "polar-vit-precision")
+                   "polar-vit-verify", "polar-vit-push", "polar-vit-precision", "polar-vit-fetch-data")
 
 
 def _fresh_venv_with_wheel(tmp_path: Path) -> Path:

@@ -1,7 +1,8 @@
 """Image-classification data and augmentation for the training scripts.
 
 Datasets by Hugging Face name (``cifar100``, ``imagenet-1k``, ``zh-plus/tiny-imagenet``, ...),
-a local ``imagefolder`` (``data_dir/<split>/<label>/<image>``), or ``digits`` (scikit-learn's
+a local ``imagefolder`` (``data_dir/<split>/<label>/<image>``), ``fashion_mnist`` (the original IDX
+files, :mod:`polar_vit_hf.training.fashion_mnist`), or ``digits`` (scikit-learn's
 digits: 1797 grey 8 x 8 images of 10 classes that ship inside scikit-learn, upsampled to an RGB
 image of ``image_size`` pixels; the offline default).  Augmentation uses torchvision's v2
 transforms (random resized crop, flip, AutoAugment / RandAugment, random erasing) and timm's
@@ -227,10 +228,10 @@ def _load_hf(name: str, data_dir: str | None):
         ) from None
 
 
-def _hf(name: str, data_dir: str | None, train_split: str, eval_split: str) -> tuple[_Split, _Split, dict]:
+def _hf(name: str, loaded, train_split: str, eval_split: str) -> tuple[_Split, _Split, dict]:
+    """The two splits of a loaded ``datasets.DatasetDict`` with an ``Image`` and a ``ClassLabel`` column."""
     import datasets
 
-    loaded = _load_hf(name, data_dir)
     for split in (train_split, eval_split):
         if split not in loaded:
             raise UserError(f"dataset {name!r} has no split {split!r}; it has {sorted(loaded)} "
@@ -262,8 +263,12 @@ def build_data(dataset: str, image_size: int, augment: dict[str, Any], data_dir:
     """Train and held-out datasets with their transforms, and ``id2label``."""
     if dataset == "digits":
         train, held_out, id2label = _digits(image_size)
+    elif dataset in ("fashion_mnist", "fashion-mnist"):
+        from polar_vit_hf.training.fashion_mnist import load_fashion_mnist
+
+        train, held_out, id2label = _hf(dataset, load_fashion_mnist(data_dir), train_split, eval_split)
     else:
-        train, held_out, id2label = _hf(dataset, data_dir, train_split, eval_split)
+        train, held_out, id2label = _hf(dataset, _load_hf(dataset, data_dir), train_split, eval_split)
 
     def wrap(split: _Split, is_train: bool) -> TransformedDataset:
         return TransformedDataset(split.length, split.get, build_transforms(image_size, augment, train=is_train),
