@@ -1,6 +1,6 @@
 """Polar-ViT vs transformers' ViT of the same shape on Fashion-MNIST, each at its own tuned learning rate.
 
-Run:  python benchmarks/fashion_mnist.py [--data_dir DIR] [--quick] [--steps 1500] [--seeds 0 1 2]
+Run:  python benchmarks/fashion_mnist.py [--data_dir DIR] [--quick] [--steps 900] [--seeds 0 1 2]
 
 Protocol (the ``fashion-mnist`` recipe: ``fashion-cpu`` preset, 28 x 28, batch 128, AdamW, warm-up and
 cosine decay, horizontal flips; the same steps, batch, augmentation and seeds for every model):
@@ -75,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", help="the four IDX files (default: Debian's location or the package cache)")
     parser.add_argument("--quick", action="store_true", help="short runs (about 10 minutes on 2 cores)")
-    parser.add_argument("--steps", type=int, help="steps of every final run (default 1500; --quick 150)")
-    parser.add_argument("--sweep-steps", type=int, help="steps of every sweep run (default 400; --quick 60)")
+    parser.add_argument("--steps", type=int, help="steps of every final run (default 900; --quick 80)")
+    parser.add_argument("--sweep-steps", type=int, help="steps of every sweep run (default 200; --quick 30)")
     parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="outputs/fashion_mnist")
     args = parser.parse_args(argv)
-    steps = args.steps or (150 if args.quick else 1500)
-    sweep_steps = args.sweep_steps or (60 if args.quick else 400)
+    steps = args.steps or (80 if args.quick else 900)
+    sweep_steps = args.sweep_steps or (30 if args.quick else 200)
     import polar_vit_hf as P  # noqa: F401  (registers the model with the Auto classes)
     from polar_vit_hf.training import fashion_mnist
 
