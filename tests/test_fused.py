@@ -414,7 +414,7 @@ def test_stacked_qkv_projection_equals_the_three_polar_fcs_and_respects_hooks():
         p = ops.make(torch.rand(2, 5, dtype=F64) * 4, directions(2, 5, 48))
         stacked = attention.project(p, ops)
         seen = []
-        handle = attention.k_proj.register_forward_hook(lambda module, args, out: seen.append(out))
+        handle = attention.k_proj.register_forward_hook(lambda module, args, out, seen=seen: seen.append(out))
         each = attention.project(p, ops)
         handle.remove()
         assert len(seen) == 1 and torch.equal(seen[0], each[1])
