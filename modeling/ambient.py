@@ -229,21 +229,22 @@ def direct_concat(x: Tensor, k: Curvature = 1.0) -> Tensor:
     return from_space(x[..., 1:].flatten(-2), k)
 
 
+def _origin(like: Tensor, k: Curvature) -> Tensor:
+    """The origin ``(sqrt(k), 0, ..., 0)`` shaped like ``like``."""
+    out = torch.zeros_like(like)
+    out[..., 0] = _sqrt_k(k)
+    return out
+
+
 def log_origin(x: Tensor, k: Curvature = 1.0) -> Tensor:
-    """Space part of ``log_o(x)``: ``sqrt(k) arcosh(x_0 / sqrt(k)) x_s / ||x_s||`` (norm = geodesic radius)."""
-    sk = _sqrt_k(k)
-    norm = torch.linalg.vector_norm(x[..., 1:], dim=-1, keepdim=True)
-    radius = sk * torch.acosh((x[..., :1] / sk).clamp_min(1.0))
-    return radius * x[..., 1:] / norm.clamp_min(1e-300)
+    """Space part of ``log_o(x)`` (:func:`logmap` at the origin): norm = the geodesic radius."""
+    return logmap(_origin(x, k), x, k)[..., 1:]
 
 
 def exp_origin(v: Tensor, k: Curvature = 1.0) -> Tensor:
-    """``exp_o(v) = (sqrt(k) cosh(|v| / sqrt(k)), sqrt(k) sinh(|v| / sqrt(k)) v / |v|)`` for a tangent vector ``v``."""
-    sk = _sqrt_k(k)
-    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
-    w = norm / sk
-    return torch.cat([sk * torch.cosh(w), sk * torch.sinh(w) * v / norm.clamp_min(1e-300)], dim=-1)
-
+    """``exp_o`` of the tangent vector with space part ``v`` (:func:`expmap` at the origin)."""
+    xi = torch.cat([torch.zeros_like(v[..., :1]), v], dim=-1)
+    return expmap(_origin(xi, k), xi, k)
 
 def beta_concat(x: Tensor, k: Curvature = 1.0) -> Tensor:
     """HNN++ beta-concatenation ``(..., H, d+1) -> (..., H d + 1)``:

@@ -80,7 +80,8 @@ def read_idx(path: Path, expect_dims: int | None = None) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
 
 
-def _find(directory: Path, stem: str) -> Path | None:
+def find_file(directory: Path, stem: str) -> Path | None:
+    """``directory/stem.gz`` or ``directory/stem``, whichever exists."""
     for name in (f"{stem}.gz", stem):
         if (directory / name).is_file():
             return directory / name
@@ -92,20 +93,20 @@ def idx_directory(data_dir: str | Path | None = None) -> Path | None:
     stems = [stem for pair in FILES.values() for stem in pair]
     if data_dir is not None:
         directory = Path(data_dir)
-        missing = [stem for stem in stems if _find(directory, stem) is None]
+        missing = [stem for stem in stems if find_file(directory, stem) is None]
         if missing:
             raise UserError(f"--data_dir {directory}: missing Fashion-MNIST file(s) {', '.join(missing)} "
                             f"(.gz or not); python -m polar_vit_hf.training.fetch_data fashion-mnist fetches them")
         return directory
     for directory in (DEBIAN_DIR, cache_dir()):
-        if all(_find(directory, stem) is not None for stem in stems):
+        if all(find_file(directory, stem) is not None for stem in stems):
             return directory
     return None
 
 
 def read_split(directory: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     """``(images (N, 28, 28) uint8, labels (N,) uint8)`` of ``train`` or ``test``, checked against each other."""
-    images_path, labels_path = (_find(directory, stem) for stem in FILES[split])
+    images_path, labels_path = (find_file(directory, stem) for stem in FILES[split])
     images, labels = read_idx(images_path, expect_dims=3), read_idx(labels_path, expect_dims=1)
     if len(images) != len(labels):
         raise IdxError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")

@@ -50,7 +50,7 @@ def fetch_fashion_mnist(dest: Path) -> Path:
         dest.mkdir(parents=True, exist_ok=True)
         for stems in fm.FILES.values():
             for stem in stems:
-                found = fm._find(source, stem)
+                found = fm.find_file(source, stem)
                 shutil.copyfile(found, dest / found.name)
     return dest
 
