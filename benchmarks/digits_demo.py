@@ -66,10 +66,14 @@ def print_table(results: dict[str, dict], params: dict[str, int]) -> None:
     width = max(28, *(len(name) + 1 for name in results))
     print(f"{'model':<{width}} {'params':>8} {'held-out accuracy':>24} {'train time':>11}")
     for name, result in results.items():
-        acc = result["acc"]
-        spread = statistics.pstdev(acc) if len(acc) > 1 else 0.0
-        print(f"{name:<{width}} {params[name]:>8,} {100 * statistics.mean(acc):>15.2f} +- {100 * spread:.2f} %"
+        print(f"{name:<{width}} {params[name]:>8,} {accuracy_summary(result['acc'], sample=False):>24}"
               f" {statistics.mean(result['seconds']):>9.1f} s")
+
+
+def accuracy_summary(values: list[float], sample: bool = True) -> str:
+    """``"mean +- std %"`` of accuracies in [0, 1]: sample (or population) standard deviation over seeds."""
+    spread = (statistics.stdev if sample else statistics.pstdev)(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.mean(values):.2f} +- {100 * spread:.2f} %"
 
 
 def plot(results: dict, path: Path, title: str) -> None:

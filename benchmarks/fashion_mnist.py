@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from polar_vit_hf.benchmarks.digits_demo import accuracy_summary
+
 MODELS = {  # name: (arch, extra pretrain.py arguments)
     "Euclidean ViT (same shape)": ("euclidean", []),
     "Polar-ViT": ("polar", []),
@@ -119,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nFashion-MNIST test accuracy (10,000 images), {steps} steps on 60,000, batch 128, seeds {args.seeds}:")
     print(f"{'model':<28} {'lr':>7} {'test accuracy':>20} {'train time':>11}")
     for name, result in results.items():
-        acc = result["acc"]
-        spread = statistics.stdev(acc) if len(acc) > 1 else 0.0
-        print(f"{name:<28} {result['lr']:>7g} {100 * statistics.mean(acc):>11.2f} +- {100 * spread:.2f} % "
+        print(f"{name:<28} {result['lr']:>7g} {accuracy_summary(result['acc']):>20} "
               f"{statistics.mean(result['seconds']):>9.0f} s")
     print(f"total {time.perf_counter() - start:.0f} s")
     with open(out / "fashion_mnist.csv", "w", newline="") as handle:
