@@ -15,7 +15,7 @@ install: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,train,triton]"
+	$(PY) -m pip install --quiet -e ".[test,train,triton,spherical]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

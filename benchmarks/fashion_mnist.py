@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs (about 10 minutes on 2 cores)")
     parser.add_argument("--steps", type=int, help="steps of every final run (default 900; --quick 80)")
     parser.add_argument("--sweep-steps", type=int, help="steps of every sweep run (default 200; --quick 30)")
-    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
+    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2, 3e-2])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="outputs/fashion_mnist")
     args = parser.parse_args(argv)

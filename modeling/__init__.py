@@ -3,26 +3,34 @@
 Flat modules with relative imports only; installed as ``polar_vit_hf.modeling``.
 """
 
-from . import ambient, attention, geometry, manifold_ops
-from .configuration_polar_vit import PRESETS, PolarViTConfig
-from .image_processing_polar_vit import PolarViTImageProcessor
+from . import ambient, attention, geometry, manifold_ops, spherical
+from .configuration_polar_vit import PRESETS, SPHERICAL_PRESETS, PolarViTConfig, PolarViTSphericalConfig
+from .image_processing_polar_vit import PolarViTImageProcessor, PolarViTSphericalImageProcessor
 from .modeling_polar_vit import (
     PolarViTForImageClassification,
     PolarViTModel,
     PolarViTModelOutput,
     PolarViTPreTrainedModel,
+    PolarViTSphericalForImageClassification,
+    PolarViTSphericalModel,
 )
 
 __all__ = [
     "PRESETS",
+    "SPHERICAL_PRESETS",
     "PolarViTConfig",
     "PolarViTForImageClassification",
     "PolarViTImageProcessor",
     "PolarViTModel",
     "PolarViTModelOutput",
     "PolarViTPreTrainedModel",
+    "PolarViTSphericalConfig",
+    "PolarViTSphericalForImageClassification",
+    "PolarViTSphericalImageProcessor",
+    "PolarViTSphericalModel",
     "ambient",
     "attention",
     "geometry",
     "manifold_ops",
+    "spherical",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 from transformers import PreTrainedConfig
 
 # Switch values: one per row of the paper's Tables 5 and 6 and the neighbouring systems.
-RELATIVE_POSITIONS = ("horoshift", "boost", "rotation", "none")  # Polar-ViT / HoPE / HOPE, HELM / none
+RELATIVE_POSITIONS = ("horoshift", "boost", "rotation", "so3", "none")  # Polar-ViT / HoPE / HOPE, HELM / SO(3)-RoPE
 RESIDUALS = ("boost", "space", "lorentz_midpoint")  # Eq. 12 / Chen et al. 2022 / LResNet
 LINEARS = ("polar", "lorentz")  # Polar-FC Eq. 8 / Lorentz FC of Chen et al. 2022
 READOUTS = ("centroid", "cls")
@@ -74,7 +74,8 @@ class PolarViTConfig(PreTrainedConfig):
             Polar-FC per projection, beta-split into heads, beta-concatenation of the heads).
         relative_position: ``"horoshift"`` (Eq. 10, default), ``"boost"`` (HoPE), ``"rotation"``
             (HOPE, HELM) or ``"none"``; applied to queries and keys of every head on the reserved
-            axis pairs ``(0, 1)`` (rows) and ``(2, 3)`` (columns).
+            axis pairs ``(0, 1)`` (rows) and ``(2, 3)`` (columns).  ``"so3"`` (SO(3)-RoPE) needs token
+            poses: spherical inputs, :class:`PolarViTSphericalConfig`.
         residual: ``"boost"`` (Eq. 12), ``"space"`` (add space coordinates, recompute time; Chen et
             al. 2022) or ``"lorentz_midpoint"`` (LResNet).
         linear: ``"polar"`` (Polar-FC, Eq. 8) or ``"lorentz"`` (the Lorentz FC of Chen et al. 2022:
@@ -141,9 +142,19 @@ class PolarViTConfig(PreTrainedConfig):
         """Space dimension ``n / H`` of every attention head."""
         return self.hidden_size // self.num_attention_heads
 
+    is_spherical = False  # planar images; PolarViTSphericalConfig: signals on an icosphere
+
     @property
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
+
+    def validate_domain(self) -> None:
+        """Settings that need a planar patch grid."""
+        if self.relative_position == "so3":
+            raise ValueError(
+                "relative_position='so3' (SO(3)-RoPE) rotates every token by its pose on the sphere: it needs "
+                "spherical inputs, use PolarViTSphericalConfig"
+            )
 
     def validate_polar_vit(self) -> None:
         """Raise a ``ValueError`` naming the field for every invalid setting."""
@@ -165,11 +176,12 @@ class PolarViTConfig(PreTrainedConfig):
             )
         reserved = 2 * len(POSITION_AXES)
         if self.relative_position != "none" and self.head_dim < reserved:
+            why = ("the Wigner blocks D^0 and D^1 of SO(3)-RoPE" if self.relative_position == "so3" else
+                   "two axis pairs for the 2-D patch grid")
             raise ValueError(
                 f"hidden_size / num_attention_heads = {self.head_dim} is too small for "
                 f"relative_position={self.relative_position!r}: every head reserves {reserved} space axes "
-                f"(two axis pairs for the 2-D patch grid); use a larger hidden_size, fewer heads or "
-                f"relative_position='none'"
+                f"({why}); use a larger hidden_size, fewer heads or relative_position='none'"
             )
         if not (isinstance(self.k, (int, float)) and math.isfinite(self.k) and self.k > 0):
             raise ValueError(f"k must be a finite positive number (curvature -1/k), got {self.k!r}")
@@ -203,6 +215,7 @@ class PolarViTConfig(PreTrainedConfig):
         rates = self.horoshift_rate_init
         if len(rates) != 2 or not (0 < float(rates[0]) <= float(rates[1])):
             raise ValueError(f"horoshift_rate_init must be (low, high) with 0 < low <= high, got {rates!r}")
+        self.validate_domain()
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> PolarViTConfig:
@@ -215,4 +228,79 @@ class PolarViTConfig(PreTrainedConfig):
         return cls(**kwargs)
 
 
-__all__ = ["PolarViTConfig", "PRESETS"]
+SPHERICAL_PRESETS: dict[str, dict[str, Any]] = {
+    # spherical digits / Fashion-MNIST on a CPU budget (benchmarks/spherical.py): 2562 vertices, 60 tokens
+    "sphere-cpu": dict(icosphere_level=4, patch_level=0, num_hidden_layers=4, hidden_size=64, intermediate_size=128,
+                       num_attention_heads=4, num_channels=1, num_labels=10),
+    # SO(3)-RoPE's own tokenisation: level-2 patches (320 faces, 960 tokens) of a level-5 icosphere
+    "sphere-small": dict(icosphere_level=5, patch_level=2, num_hidden_layers=12, hidden_size=384,
+                         intermediate_size=1536, num_attention_heads=6),
+}
+
+
+class PolarViTSphericalConfig(PolarViTConfig):
+    r"""Configuration of Polar-ViT on spherical signals (SO(3)-RoPE, Libner et al.).
+
+    Inputs are signals ``(batch, num_channels, V)`` on the ``V = 10 * 4^icosphere_level + 2`` vertices of an
+    icosphere (:func:`spherical.icosphere`; :class:`PolarViTSphericalImageProcessor` resamples equirectangular
+    images onto it).  The faces of ``patch_level`` are the patches, each read in its three orientations:
+    ``3 * 20 * 4^patch_level`` tokens with SO(3) poses (the lifting of SO(3)-RoPE Sec. 3).  Every field of
+    :class:`PolarViTConfig` applies except the planar ones (``image_size``, ``patch_size``, sine-cosine positions,
+    the grid encodings).
+
+    Args:
+        icosphere_level: subdivisions ``s`` of the icosahedron carrying the input signal.
+        patch_level: ``p <= s``: the patches are the faces of level ``p`` (``(n+1)(n+2)/2`` vertices each,
+            ``n = 2^(s-p)``).
+        relative_position: ``"so3"`` (SO(3)-RoPE on each head's direction, default) or ``"none"``.
+        position_embedding: ``"none"`` (default: keeps the model equivariant), ``"learned"`` (a table over the
+            tokens) or ``"hypformer"``.
+        longitude_encoding: ``K >= 0`` Legendre polynomials ``P_1 ... P_K`` of ``cos(beta)`` (the vertex's polar
+            angle) appended to the input channels (the seed's symmetry breaking for problems that are only
+            symmetric under rotations about the z-axis); 0 = off.
+    """
+
+    model_type = "polar_vit_spherical"
+    is_spherical = True
+
+    icosphere_level: int = 4
+    patch_level: int = 1
+    longitude_encoding: int = 0
+    relative_position: str = "so3"
+    position_embedding: str = "none"
+
+    @property
+    def num_patches(self) -> int:
+        """Tokens: three orientations of each of the ``20 * 4^patch_level`` patches."""
+        return 3 * 20 * 4**self.patch_level
+
+    @property
+    def num_vertices(self) -> int:
+        return 10 * 4**self.icosphere_level + 2
+
+    def validate_domain(self) -> None:
+        for name in ("icosphere_level", "patch_level", "longitude_encoding"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.patch_level > self.icosphere_level:
+            raise ValueError(f"patch_level={self.patch_level} must be <= icosphere_level={self.icosphere_level}")
+        if self.icosphere_level > 8:
+            raise ValueError(f"icosphere_level={self.icosphere_level} is too fine (at most 8: 655,362 vertices)")
+        if self.relative_position not in ("so3", "none"):
+            raise ValueError(
+                f"relative_position={self.relative_position!r} moves tokens along a planar patch grid; spherical "
+                f"inputs use 'so3' (SO(3)-RoPE) or 'none'"
+            )
+        if self.position_embedding == "sincos":
+            raise ValueError("position_embedding='sincos' needs a planar patch grid; use 'none' or 'learned'")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> PolarViTSphericalConfig:
+        """A spherical preset (``sphere-cpu``, ``sphere-small``)."""
+        if name not in SPHERICAL_PRESETS:
+            raise ValueError(f"unknown spherical preset {name!r}; choose one of {sorted(SPHERICAL_PRESETS)}")
+        return cls(**{**copy.deepcopy(SPHERICAL_PRESETS[name]), **overrides})
+
+
+__all__ = ["PolarViTConfig", "PolarViTSphericalConfig", "PRESETS", "SPHERICAL_PRESETS"]

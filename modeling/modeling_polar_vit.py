@@ -34,10 +34,11 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
 from .attention import select_implementation
-from .configuration_polar_vit import POSITION_AXES, PolarViTConfig
+from .configuration_polar_vit import POSITION_AXES, PolarViTConfig, PolarViTSphericalConfig
 from .fused import fused_boost_residual, fused_gyro_layer_norm, fused_polar_fc, fused_reserved_axes_encoding
 from .geometry import asinh_exp, cosh_sinhc_sq, input_checks, perp, safe_normalize
 from .manifold_ops import ManifoldOps, PolarOps, make_ops
+from .spherical import apply_so3_rope, icosphere_patches, lift_patches, patch_features, token_rope
 
 # Parameter roles (Appendix D.3), declared by each module in ``parameter_roles``:
 MANIFOLD = "manifold"  # a point of the manifold stored as space coordinates: Riemannian updates, manifold decay
@@ -249,7 +250,34 @@ class RotationEncoding(RelativePositionEncoding):
         return ops.rotate(p, t, *axes)
 
 
+class SO3RotaryEncoding(nn.Module):
+    r"""SO(3)-RoPE (Libner et al., Eq. 2 and 6) on spherical tokens: the direction ``u`` of every query and key head
+    is multiplied by ``pi(R_t) = diag(D^0, ..., D^L)`` of its token's pose, the radius is untouched.
+
+    ``pi(R_t)`` is orthogonal, so this is an isometry of ``L^d`` fixing the origin and the squared distance of
+    Eq. 9 becomes ``d^2(q, pi(R_s^{-1} R_t) k)``: it depends on the relative pose only.  In ambient
+    coordinates the same matrix acts on the space coordinates.  No parameters; prefix (class) tokens are not moved.
+    """
+
+    kind = "so3"
+
+    def forward(self, p: Tensor, rope: Tensor, num_prefix: int, ops: ManifoldOps) -> Tensor:
+        """``p (B, N, H, d+1)``, ``rope (N - num_prefix, m, m)`` -> same shape."""
+        tokens = p[:, num_prefix:]
+        moved = torch.cat([tokens[..., :1], apply_so3_rope(tokens[..., 1:], rope)], dim=-1)
+        return torch.cat([p[:, :num_prefix], moved], dim=1) if num_prefix else moved
+
+
 RELATIVE_POSITION_CLASSES = {"horoshift": HoroshiftEncoding, "boost": BoostEncoding, "rotation": RotationEncoding}
+
+
+def relative_position_encoding(config: PolarViTConfig) -> nn.Module | None:
+    """The module of ``config.relative_position`` (``None`` for ``"none"``)."""
+    if config.relative_position == "none":
+        return None
+    if config.relative_position == "so3":
+        return SO3RotaryEncoding()
+    return RELATIVE_POSITION_CLASSES[config.relative_position](config.num_attention_heads, config.horoshift_rate_init)
 
 
 def _has_forward_hooks(module: nn.Module) -> bool:
@@ -288,10 +316,7 @@ class PolarSelfAttention(nn.Module):
         self.o_proj = projection(n, None)
         self.temperature_init = float(config.attention_temperature_init)
         self.log_temperature = nn.Parameter(torch.empty(heads))
-        self.position = (
-            None if config.relative_position == "none"
-            else RELATIVE_POSITION_CLASSES[config.relative_position](heads, config.horoshift_rate_init)
-        )
+        self.position = relative_position_encoding(config)
         self.init_parameters()
 
     parameter_roles = {"log_temperature": NO_DECAY}
@@ -318,13 +343,16 @@ class PolarSelfAttention(nn.Module):
         return tuple(t if self.q_proj.num_heads else t.squeeze(-2) for t in out.chunk(3, dim=-2))
 
     def forward(
-        self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps, output_attentions: bool = False
+        self, p: Tensor, positions: tuple[int, int] | Tensor | None, num_prefix: int, ops: ManifoldOps,
+        output_attentions: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
+        """``positions``: the patch grid ``(rows, cols)`` of a planar input or the SO(3)-RoPE matrices ``(N, m, m)``
+        of a spherical one (:class:`PolarViTSphericalEmbeddings`)."""
         q, k, v = self.project(p, ops)
         if self.beta_heads:  # (B, N, n+1) -> (B, N, H, d+1)
             q, k, v = (ops.beta_split_heads(t, self.num_heads) for t in (q, k, v))
         if self.position is not None:  # queries and keys move alike: one call on both
-            q, k = self.position(torch.cat([q, k]), grid, num_prefix, ops).chunk(2)
+            q, k = self.position(torch.cat([q, k]), positions, num_prefix, ops).chunk(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, d+1)
         implementation = select_implementation(self.config.polar_attn_implementation, output_attentions, p.device,
                                                p.shape[1], self.config.fused_ops)
@@ -487,9 +515,11 @@ class PolarViTLayer(GradientCheckpointingLayer):
         self.mlp_residual = RESIDUAL_CLASSES[config.residual](config, drop_path)
 
     def forward(
-        self, hidden: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps, output_attentions: bool = False
+        self, hidden: Tensor, positions: tuple[int, int] | Tensor | None, num_prefix: int, ops: ManifoldOps,
+        output_attentions: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        attended, probs = self.attention(self.attention_norm(hidden, ops), grid, num_prefix, ops, output_attentions)
+        attended, probs = self.attention(self.attention_norm(hidden, ops), positions, num_prefix, ops,
+                                         output_attentions)
         hidden = self.attention_residual(hidden, attended, ops)
         hidden = self.mlp_residual(hidden, self.mlp(self.mlp_norm(hidden, ops), ops), ops)
         return hidden, probs
@@ -550,8 +580,8 @@ class PolarViTEmbeddings(nn.Module):
         self.config = config
         self.patch_size = config.patch_size
         self.grid = (config.image_size // config.patch_size,) * 2
-        patch_dim = config.num_channels * config.patch_size**2
-        self.patch_projection = PolarFC(patch_dim, config.hidden_size, config.k, radius_rule=config.linear == "polar")
+        self.patch_projection = PolarFC(self.patch_features(config), config.hidden_size, config.k,
+                                        radius_rule=config.linear == "polar")
         self.position_embeddings = None
         if config.position_embedding == "learned":
             self.position_embeddings = nn.Parameter(torch.empty(1, config.num_patches, config.hidden_size))
@@ -561,6 +591,11 @@ class PolarViTEmbeddings(nn.Module):
         self.init_parameters()
 
     parameter_roles = {"cls_token": MANIFOLD}
+
+    @staticmethod
+    def patch_features(config: PolarViTConfig) -> int:
+        """Values per patch: ``C P^2``."""
+        return config.num_channels * config.patch_size**2
 
     def init_parameters(self) -> None:
         """Truncated-normal position table and class token (``initializer_range``)."""
@@ -584,8 +619,22 @@ class PolarViTEmbeddings(nn.Module):
             table = image.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], n)
         return table.to(dtype)
 
+    def embed(self, patches: Tensor, positions: Tensor | None, ops: ManifoldOps) -> tuple[Tensor, int]:
+        """Patch vectors ``(B, N, F)`` -> tokens ``(B, N (+1), n+1)`` and the number of prefix tokens."""
+        radius = torch.linalg.vector_norm(patches, dim=-1) / math.sqrt(patches.shape[-1])
+        tokens = self.patch_projection(ops.make(radius, safe_normalize(patches)), ops)
+        if positions is not None:
+            tokens = ops.from_space(ops.space(tokens) + positions)
+        if self.position_encoding is not None:
+            tokens = self.position_encoding(tokens, ops)
+        if self.cls_token is None:
+            return tokens, 0
+        cls = ops.from_space(self.cls_token.to(tokens.dtype)).expand(tokens.shape[0], 1, -1)
+        return torch.cat([cls, tokens], dim=1), 1
+
     def forward(self, pixel_values: Tensor, ops: ManifoldOps, interpolate_pos_encoding: bool = False
                 ) -> tuple[Tensor, tuple[int, int], int]:
+        """``(tokens, patch grid (rows, cols), number of prefix tokens)``."""
         batch, channels, height, width = pixel_values.shape
         size = self.patch_size
         grid = (height // size, width // size)
@@ -596,19 +645,42 @@ class PolarViTEmbeddings(nn.Module):
             )
         patches = pixel_values.reshape(batch, channels, grid[0], size, grid[1], size)
         patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(batch, grid[0] * grid[1], -1)
-        radius = torch.linalg.vector_norm(patches, dim=-1) / math.sqrt(patches.shape[-1])
-        tokens = self.patch_projection(ops.make(radius, safe_normalize(patches)), ops)
-        positions = self.positions(grid, tokens.dtype)
-        if positions is not None:
-            tokens = ops.from_space(ops.space(tokens) + positions)
-        if self.position_encoding is not None:
-            tokens = self.position_encoding(tokens, ops)
-        num_prefix = 0
-        if self.cls_token is not None:
-            cls = ops.from_space(self.cls_token.to(tokens.dtype)).expand(batch, 1, -1)
-            tokens = torch.cat([cls, tokens], dim=1)
-            num_prefix = 1
+        tokens, num_prefix = self.embed(patches, self.positions(grid, patches.dtype), ops)
         return tokens, grid, num_prefix
+
+
+class PolarViTSphericalEmbeddings(PolarViTEmbeddings):
+    r"""Lifting patch embedding of icosphere signals (SO(3)-RoPE Sec. 3, Def. 4).
+
+    Token ``t`` (patch ``m`` in orientation ``o``) reads the ``S = (n+1)(n+2)/2`` vertices of its patch in its
+    kernel order (:func:`spherical.icosphere_patches`), optionally with ``longitude_encoding`` Legendre channels
+    appended; the patch vector then goes onto the manifold exactly as a planar patch does.  The positions passed
+    to the blocks are the SO(3)-RoPE matrices ``pi(R_t)`` ``(N, m, m)`` (``relative_position="so3"``).
+    """
+
+    @staticmethod
+    def patch_features(config: PolarViTConfig) -> int:
+        """Values per patch: ``(C + K) S``."""
+        return patch_features(config.num_channels, config.icosphere_level, config.patch_level,
+                                        config.longitude_encoding)
+
+    def rope(self, dtype: torch.dtype) -> Tensor | None:
+        """``pi(R_t)`` of every token, or ``None`` without SO(3)-RoPE."""
+        if self.config.relative_position != "so3":
+            return None
+        config = self.config
+        rope = token_rope(config.icosphere_level, config.patch_level, config.head_dim)
+        return rope.to(device=self.patch_projection.weight.device, dtype=dtype)
+
+    def forward(self, pixel_values: Tensor, ops: ManifoldOps, interpolate_pos_encoding: bool = False
+                ) -> tuple[Tensor, Tensor | None, int]:
+        """``(tokens, SO(3)-RoPE matrices or None, number of prefix tokens)``."""
+        config = self.config
+        patches = lift_patches(pixel_values, config.icosphere_level, config.patch_level,
+                                         config.longitude_encoding)  # (B, N, (C + K) S)
+        table = None if self.position_embeddings is None else self.position_embeddings.to(patches.dtype)
+        tokens, num_prefix = self.embed(patches, table, ops)
+        return tokens, self.rope(patches.dtype), num_prefix
 
 
 class HyperplaneHead(nn.Module):
@@ -689,14 +761,14 @@ class PolarViTEncoder(nn.ModuleList):
         super().__init__([PolarViTLayer(config, rate) for rate in rates])
 
     def forward(
-        self, hidden: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps,
+        self, hidden: Tensor, positions: tuple[int, int] | Tensor | None, num_prefix: int, ops: ManifoldOps,
         output_attentions: bool = False, output_hidden_states: bool = False,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None, tuple[Tensor, ...] | None]:
         """``(hidden, all hidden states in ambient coordinates or None, attentions or None)``."""
         all_hidden = [ops.to_ambient(hidden)] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
         for layer in self:
-            hidden, probs = layer(hidden, grid, num_prefix, ops, output_attentions)
+            hidden, probs = layer(hidden, positions, num_prefix, ops, output_attentions)
             if all_hidden is not None:
                 all_hidden.append(ops.to_ambient(hidden))
             if all_attentions is not None:
@@ -751,7 +823,7 @@ class PolarViTPreTrainedModel(PreTrainedModel):
         """
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory)
+            complete_auto_map(save_directory, SPHERICAL_AUTO_MAP if self.config.is_spherical else AUTO_MAP)
         return result
 
     def manifold_parameter_names(self) -> list[str]:
@@ -766,7 +838,14 @@ AUTO_MAP = {
 }
 
 
-def complete_auto_map(save_directory) -> None:
+SPHERICAL_AUTO_MAP = {
+    "AutoConfig": "configuration_polar_vit.PolarViTSphericalConfig",
+    "AutoModel": "modeling_polar_vit.PolarViTSphericalModel",
+    "AutoModelForImageClassification": "modeling_polar_vit.PolarViTSphericalForImageClassification",
+}
+
+
+def complete_auto_map(save_directory, entries: dict[str, str]) -> None:
     """Write every Polar-ViT Auto class into ``config.json``'s ``auto_map`` (keeps other entries)."""
     import json
     import os
@@ -774,7 +853,7 @@ def complete_auto_map(save_directory) -> None:
     path = os.path.join(save_directory, "config.json")
     with open(path, encoding="utf-8") as handle:
         config = json.load(handle)
-    config["auto_map"] = {**config.get("auto_map", {}), **AUTO_MAP}
+    config["auto_map"] = {**config.get("auto_map", {}), **entries}
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=2, sort_keys=True)
         handle.write("\n")
@@ -786,33 +865,49 @@ PATCH_RADIUS_LIMIT = 32.0
 
 
 def _check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> None:
+    """Validate the model input once, at the edge: layout, channels, finiteness and the pixel scale (patch RMS)."""
     if pixel_values is None:
         raise ValueError("You have to specify pixel_values")
-    if pixel_values.dim() != 4:
-        raise ValueError(
-            f"pixel_values must have shape (batch, channels, height, width), got {tuple(pixel_values.shape)}"
-        )
+    spherical_input = config.is_spherical
+    layout = "(batch, channels, vertices)" if spherical_input else "(batch, channels, height, width)"
+    if pixel_values.dim() != (3 if spherical_input else 4):
+        raise ValueError(f"pixel_values must have shape {layout}, got {tuple(pixel_values.shape)}"
+                         + ("; resample images with PolarViTSphericalImageProcessor" if spherical_input else ""))
     if pixel_values.shape[1] != config.num_channels:
         raise ValueError(
             f"pixel_values has {pixel_values.shape[1]} channels but the model expects "
             f"num_channels={config.num_channels}; check the image mode (e.g. convert to RGB)"
         )
-    height, width = pixel_values.shape[-2:]
-    if height % config.patch_size or width % config.patch_size:
-        raise ValueError(f"image size {height}x{width} is not a multiple of patch_size={config.patch_size}")
+    if spherical_input and pixel_values.shape[2] != config.num_vertices:
+        raise ValueError(
+            f"pixel_values has {pixel_values.shape[2]} values per channel but icosphere_level="
+            f"{config.icosphere_level} has {config.num_vertices} vertices; resample with "
+            f"PolarViTSphericalImageProcessor(icosphere_level={config.icosphere_level})"
+        )
+    if not spherical_input:
+        height, width = pixel_values.shape[-2:]
+        if height % config.patch_size or width % config.patch_size:
+            raise ValueError(f"image size {height}x{width} is not a multiple of patch_size={config.patch_size}")
     if torch.compiler.is_compiling():
         return
     if not torch.isfinite(pixel_values).all():
         raise ValueError("pixel_values contains NaN or Inf values")
-    # the radius of a patch token is the RMS of its pixels (PolarViTEmbeddings): keep it where float32 holds
-    size = config.patch_size
-    patch_rms = F.avg_pool2d(pixel_values.detach().float().square().mean(1, keepdim=True), size).sqrt()
+    # the radius of a patch token is the RMS of its values (PolarViTEmbeddings): keep it where float32 holds
+    power = pixel_values.detach().float().square().mean(1)
+    if spherical_input:
+        _, index, _ = icosphere_patches(config.icosphere_level, config.patch_level)
+        patch_rms = power[:, index.to(power.device)].mean(-1).sqrt()
+        patch = "patch"
+    else:
+        patch_rms = F.avg_pool2d(power.unsqueeze(1), config.patch_size).sqrt()
+        patch = f"{config.patch_size}x{config.patch_size} patch"
     largest = float(patch_rms.max())
     if largest > PATCH_RADIUS_LIMIT:
+        processor = "PolarViTSphericalImageProcessor" if spherical_input else "PolarViTImageProcessor"
         raise ValueError(
-            f"pixel_values look unnormalised: a {size}x{size} patch has RMS {largest:.1f}, and that RMS is the radius "
-            f"of its token on the hyperboloid (Polar-ViT supports patch radii up to {PATCH_RADIUS_LIMIT:g}; float32 "
-            f"overflows near 88). Rescale and normalise the images first, e.g. with PolarViTImageProcessor "
+            f"pixel_values look unnormalised: a {patch} has RMS {largest:.1f}, and that RMS is the radius of its "
+            f"token on the hyperboloid (Polar-ViT supports patch radii up to {PATCH_RADIUS_LIMIT:g}; float32 "
+            f"overflows near 88). Rescale and normalise the images first, e.g. with {processor} "
             f"(do_rescale=True, do_normalize=True), so pixel values are of order 1"
         )
 
@@ -822,7 +917,7 @@ class PolarViTModel(PolarViTPreTrainedModel):
 
     def __init__(self, config: PolarViTConfig):
         super().__init__(config)
-        self.embeddings = PolarViTEmbeddings(config)
+        self.embeddings = (PolarViTSphericalEmbeddings if config.is_spherical else PolarViTEmbeddings)(config)
         self.layers = PolarViTEncoder(config)
         self.norm = GyroLayerNorm(config.hidden_size, config.k, config.layer_norm_eps)
         self.pooler = POOLER_CLASSES[config.readout]()
@@ -866,11 +961,11 @@ class PolarViTModel(PolarViTPreTrainedModel):
         compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         # inputs were checked once above; the geometry functions inside run without their per-call checks
         with torch.autocast(device_type=pixel_values.device.type, enabled=False), input_checks(False):
-            hidden, grid, num_prefix = self.embeddings(
+            hidden, positions, num_prefix = self.embeddings(
                 pixel_values.to(compute_dtype), ops, bool(interpolate_pos_encoding)
             )
             hidden, all_hidden, all_attentions = self.encoder(
-                hidden, grid, num_prefix, ops, bool(output_attentions), bool(output_hidden_states)
+                hidden, positions, num_prefix, ops, bool(output_attentions), bool(output_hidden_states)
             )
             hidden = self.norm(hidden, ops)
             pooled = self.pooler(hidden, ops)
@@ -933,8 +1028,24 @@ class PolarViTForImageClassification(PolarViTPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+class PolarViTSphericalModel(PolarViTModel):
+    """The bare Polar-ViT encoder on icosphere signals (``PolarViTSphericalConfig``): lifting embedding, SO(3)-RoPE."""
+
+    config_class = PolarViTSphericalConfig
+    config: PolarViTSphericalConfig
+
+
+class PolarViTSphericalForImageClassification(PolarViTForImageClassification):
+    """Polar-ViT classifying icosphere signals (``PolarViTSphericalConfig``); with ``relative_position="so3"``, no
+    absolute positions and the centroid readout, its logits are invariant under the 60 icosahedral rotations."""
+
+    config_class = PolarViTSphericalConfig
+    config: PolarViTSphericalConfig
+
+
 __all__ = [
     "AUTO_MAP",
+    "SPHERICAL_AUTO_MAP",
     "HEAD_CLASSES",
     "MANIFOLD",
     "NO_DECAY",
@@ -947,5 +1058,7 @@ __all__ = [
     "PolarViTModel",
     "PolarViTModelOutput",
     "PolarViTPreTrainedModel",
+    "PolarViTSphericalForImageClassification",
+    "PolarViTSphericalModel",
     "parameter_roles",
 ]

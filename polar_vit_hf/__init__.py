@@ -22,6 +22,10 @@ from .modeling import (
     PolarViTForImageClassification,
     PolarViTImageProcessor,
     PolarViTModel,
+    PolarViTSphericalConfig,
+    PolarViTSphericalForImageClassification,
+    PolarViTSphericalImageProcessor,
+    PolarViTSphericalModel,
     __all__ as _modeling_all,
 )
 
@@ -33,18 +37,23 @@ __version__ = "0.1.0"
 
 
 def _register() -> None:
-    AutoConfig.register(PolarViTConfig.model_type, PolarViTConfig, exist_ok=True)
-    AutoModel.register(PolarViTConfig, PolarViTModel, exist_ok=True)
-    AutoModelForImageClassification.register(PolarViTConfig, PolarViTForImageClassification, exist_ok=True)
-    # the processor subclasses transformers' torchvision-backed ViT processor when torchvision is
-    # installed and the PIL-backed one otherwise: register it under the backend it really uses
+    # the planar processor subclasses transformers' torchvision-backed ViT processor when torchvision is
+    # installed and the PIL-backed one otherwise: register it under the backend it really uses (the spherical
+    # processor works on tensors either way)
     backend = "torchvision" if is_torchvision_available() else "pil"
-    AutoImageProcessor.register(PolarViTConfig, image_processor_classes={backend: PolarViTImageProcessor},
-                                exist_ok=True)
-    PolarViTConfig.register_for_auto_class()
-    PolarViTModel.register_for_auto_class("AutoModel")
-    PolarViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
-    PolarViTImageProcessor.register_for_auto_class("AutoImageProcessor")
+    for config, model, classifier, processor in (
+        (PolarViTConfig, PolarViTModel, PolarViTForImageClassification, PolarViTImageProcessor),
+        (PolarViTSphericalConfig, PolarViTSphericalModel, PolarViTSphericalForImageClassification,
+         PolarViTSphericalImageProcessor),
+    ):
+        AutoConfig.register(config.model_type, config, exist_ok=True)
+        AutoModel.register(config, model, exist_ok=True)
+        AutoModelForImageClassification.register(config, classifier, exist_ok=True)
+        AutoImageProcessor.register(config, image_processor_classes={backend: processor}, exist_ok=True)
+        config.register_for_auto_class()
+        model.register_for_auto_class("AutoModel")
+        classifier.register_for_auto_class("AutoModelForImageClassification")
+        processor.register_for_auto_class("AutoImageProcessor")
 
 
 _register()

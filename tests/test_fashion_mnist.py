@@ -137,3 +137,17 @@ def test_pretrain_runs_on_fashion_mnist(tmp_path, idx_dir):
     assert code == 0
     rows = read_metrics(out)
     assert len(rows) == 2 and rows[-1]["eval_accuracy"] != ""
+
+
+def test_digits_have_fit_and_validation_splits_inside_train_for_tuning():
+    from polar_vit_hf.training.data import build_data, digits_splits
+
+    splits = digits_splits()
+    assert sorted(splits) == ["fit", "test", "train", "validation"]
+    assert set(splits["fit"]).isdisjoint(splits["validation"])
+    assert sorted([*splits["fit"], *splits["validation"]]) == sorted(splits["train"])
+    assert set(splits["train"]).isdisjoint(splits["test"])
+    data = build_data("digits", 16, {}, train_split="fit", eval_split="validation")
+    assert (len(data.train), len(data.eval)) == (len(splits["fit"]), len(splits["validation"]))
+    with pytest.raises(UserError, match="dataset 'digits' has no split 'dev'"):
+        build_data("digits", 16, {}, train_split="dev")

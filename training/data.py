@@ -190,15 +190,27 @@ class _Split:
     length: int
 
 
-def _digits(image_size: int, seed: int = 0) -> tuple[_Split, _Split, dict[int, str]]:
+def digits_splits(count: int = 1797, validation_fraction: float = 0.2) -> dict[str, np.ndarray]:
+    """Indices of the digits splits: ``train`` / ``test`` (:func:`digits_split_indices`) and, for tuning without
+    looking at ``test``, ``fit`` / ``validation`` (a fixed ``validation_fraction`` of ``train``)."""
+    train, test = digits_split_indices(count)
+    cut = int(round(validation_fraction * len(train)))
+    return {"train": train, "test": test, "fit": train[cut:], "validation": train[:cut]}
+
+
+def _digits(image_size: int, train_split: str = "train", eval_split: str = "test"
+            ) -> tuple[_Split, _Split, dict[int, str]]:
     images, labels = digits_images(image_size)
-    train, test = digits_split_indices(len(labels), seed=seed)
+    splits = digits_splits(len(labels))
+    for name in (train_split, eval_split):
+        if name not in splits:
+            raise UserError(f"dataset 'digits' has no split {name!r}; it has {sorted(splits)}")
 
     def split(indices) -> _Split:
         return _Split(lambda i: (Image.fromarray(images[indices[i]]), int(labels[indices[i]])),
                       lambda i: f"digits image {indices[i]}", len(indices))
 
-    return split(train), split(test), {i: str(i) for i in range(10)}
+    return split(splits[train_split]), split(splits[eval_split]), {i: str(i) for i in range(10)}
 
 
 def _load_hf(name: str, data_dir: str | None):
@@ -262,7 +274,7 @@ def build_data(dataset: str, image_size: int, augment: dict[str, Any], data_dir:
                ) -> ClassificationData:
     """Train and held-out datasets with their transforms, and ``id2label``."""
     if dataset == "digits":
-        train, held_out, id2label = _digits(image_size)
+        train, held_out, id2label = _digits(image_size, train_split, eval_split)
     elif dataset in ("fashion_mnist", "fashion-mnist"):
         from polar_vit_hf.training.fashion_mnist import load_fashion_mnist
 
