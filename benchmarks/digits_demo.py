@@ -1,6 +1,6 @@
 """Polar-ViT ``demo`` vs the same-size Euclidean ViT on scikit-learn's digits, each at its own tuned learning rate.
 
-Run:  python benchmarks/digits_demo.py [--steps 200] [--seeds 0 1 2] [--lrs 1e-3 3e-3 5e-3 1e-2]
+Run:  python benchmarks/digits_demo.py [--steps 200] [--seeds 0 1 2] [--lrs 1e-3 3e-3 1e-2 3e-2]
 
 Both models (``PolarViTForImageClassification`` with the ``demo`` preset and transformers'
 ``ViTForImageClassification`` with the same image/patch size, depth, width, MLP width and heads)
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-3, 5e-3, 1e-2],
+    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2, 3e-2],
                         help="learning rates swept for every model (on fit / validation, seed 0)")
     parser.add_argument("--out", default="outputs/digits_demo")
     args = parser.parse_args(argv)

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from polar_vit_hf.training.fashion_mnist import CLASS_NAMES, load_fashion_mnist
 
     test = load_fashion_mnist(args.data_dir)["test"].select(range(args.count))
-    classify = pipeline("image-classification", model=args.model_dir)
+    classify = pipeline("image-classification", model=args.model_dir, trust_remote_code=False)  # local classes
     predictions = [result[0]["label"] for result in tqdm(classify(list(test["image"]), batch_size=100),
                                                          total=args.count, desc="pipeline")]
     truth = [CLASS_NAMES[label] for label in test["label"]]

@@ -44,6 +44,7 @@ def test_finetune_with_trainer_on_a_local_imagefolder_and_push(tmp_path, local_h
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "held-out accuracy (test) at the last step:" in done.stdout
+    assert "new label set (3 classes): classifier head re-initialised" in done.stdout
     model = P.PolarViTForImageClassification.from_pretrained(out)
     assert model.config.id2label == {0: "digit_0", 1: "digit_1", 2: "digit_2"}
     assert model.classifier.weight.shape == (3, model.config.hidden_size)

@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cutmix", type=float, default=1.0)
     parser.add_argument("--rand_augment", default="rand-m9-mstd0.5-inc1", help="timm auto-augment string or 'none'")
     parser.add_argument("--random_erasing", type=float, default=0.25)
+    parser.add_argument("--crop_scale", type=float, default=0.08,
+                        help="smallest area fraction of the random resized crop (timm's scale=(MIN, 1); 1 = no crop)")
+    parser.add_argument("--hflip", type=float, default=0.5, help="probability of a horizontal flip (0: none)")
     parser.add_argument("--drop_path", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--push_to_hub", action="store_true",
@@ -100,6 +103,7 @@ def build_transforms(image_size: int, args: argparse.Namespace, train: bool):
     auto = None if args.rand_augment == "none" else args.rand_augment
     return create_transform(input_size=image_size, is_training=train, auto_augment=auto if train else None,
                             re_prob=args.random_erasing if train else 0.0, interpolation="bicubic",
+                            scale=(args.crop_scale, 1.0), hflip=args.hflip,
                             mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0)
 
 
@@ -168,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         args.model, id2label=id2label, label2id={v: k for k, v in id2label.items()},
         ignore_mismatched_sizes=True, drop_path_rate=args.drop_path, trust_remote_code=args.trust_remote_code,
     )
+    if dict(config.id2label) != id2label:  # another label set: the pretrained classes mean nothing here
+        for parameter in model.classifier.parameters():  # transformers' init functions skip loaded tensors
+            parameter._is_hf_initialized = False
+        model.classifier.init_parameters()
+        print(f"new label set ({len(id2label)} classes): classifier head re-initialised")
     world = max(1, torch.cuda.device_count())
     effective = args.per_device_batch_size * world * args.grad_accum
     lr = args.base_lr * effective / 512
@@ -213,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                     "steps": total, "warmup_steps": warmup, "weight_decay": args.weight_decay,
                     "label_smoothing": args.label_smoothing, "mixup": args.mixup, "cutmix": args.cutmix,
                     "rand_augment": args.rand_augment, "random_erasing": args.random_erasing,
-                    "drop_path": args.drop_path}
+                    "crop_scale": args.crop_scale, "hflip": args.hflip, "drop_path": args.drop_path}
         (Path(args.output_dir) / "run_info.json").write_text(json.dumps(run_info, indent=2))
     print(f"held-out accuracy ({args.eval_split}) at the last step: {metrics.get('eval_accuracy')}")
     if args.push_to_hub and trainer.is_world_process_zero():
