@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 import polar_vit_hf as P
 from polar_vit_hf.baselines import euclidean_spherical_vit
 from polar_vit_hf.benchmarks.digits_demo import accuracy_summary
-from polar_vit_hf.modeling.spherical import icosphere
+from polar_vit_hf.modeling.spherical import icosphere, random_rotations
 
 EQUIRECT = (32, 64)  # rows (colatitude) x columns (longitude)
 MODELS = ("ViT (equirectangular)", "ViT + SO(3)-RoPE (icosphere)", "Polar-ViT, horoshift (equirectangular)",
@@ -64,15 +64,6 @@ def project(images: torch.Tensor, points: torch.Tensor, rotations: torch.Tensor 
     plane = torch.where(q[..., 2:] > -0.99, plane, torch.full_like(plane, 2.0))  # far side: outside
     grid = plane[:, None].to(images.dtype)  # (B, 1, P, 2): x = column, y = row
     return F.grid_sample(images[:, None], grid, align_corners=False, padding_mode="zeros")[:, 0, 0]
-
-
-def random_rotations(count: int, seed: int) -> torch.Tensor:
-    """Haar-random rotations (QR of Gaussian matrices, sign-fixed, det +1)."""
-    generator = torch.Generator().manual_seed(seed)
-    q, r = torch.linalg.qr(torch.randn(count, 3, 3, dtype=torch.float64, generator=generator))
-    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
-    q[torch.det(q) < 0, :, 0] *= -1
-    return q
 
 
 def load_digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

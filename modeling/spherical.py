@@ -184,6 +184,15 @@ def icosahedral_rotations() -> Tensor:
     return torch.stack([frame(a, b) @ reference.T for a, b in sorted(edges)])
 
 
+def random_rotations(count: int, seed: int = 0) -> Tensor:
+    """``count`` Haar-random rotations ``(count, 3, 3)`` (float64): QR of Gaussian matrices, signs fixed, det +1."""
+    generator = torch.Generator().manual_seed(seed)
+    q, r = torch.linalg.qr(torch.randn(count, 3, 3, dtype=torch.float64, generator=generator))
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    q[torch.det(q) < 0, :, 0] *= -1
+    return q
+
+
 def vertex_permutation(rotation: Tensor, vertices: Tensor, atol: float = 1e-9) -> Tensor:
     """``perm`` with ``rotation @ vertices[i] = vertices[perm[i]]``; raises if ``rotation`` does not permute them."""
     distance, perm = torch.cdist(vertices @ rotation.T, vertices, compute_mode="donot_use_mm_for_euclid_dist").min(-1)
@@ -317,6 +326,7 @@ __all__ = [
     "legendre_features",
     "lift_patches",
     "patch_features",
+    "random_rotations",
     "matrix_zyz",
     "rotate_signal",
     "so3_representation",

@@ -20,17 +20,9 @@ import polar_vit_hf as P
 from polar_vit_hf.baselines import euclidean_spherical_vit, so3_sdpa_attention
 from polar_vit_hf.geometry import distance
 from polar_vit_hf.modeling import spherical as S
+from polar_vit_hf.modeling.spherical import random_rotations
 
 LEVEL, PATCH_LEVEL = 2, 0  # 162 vertices, 60 tokens of 15 vertices
-
-
-def random_rotations(count: int, seed: int = 0) -> torch.Tensor:
-    """Haar-random rotations (QR of Gaussian matrices, sign-fixed, det +1)."""
-    generator = torch.Generator().manual_seed(seed)
-    q, r = torch.linalg.qr(torch.randn(count, 3, 3, dtype=torch.float64, generator=generator))
-    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
-    q[torch.det(q) < 0, :, 0] *= -1
-    return q
 
 
 def spherical_config(**overrides) -> P.PolarViTSphericalConfig:
