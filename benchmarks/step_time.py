@@ -1,17 +1,20 @@
 """Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
 
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile] [--device cuda]
-          [--models euclidean ambient polar-reference polar polar-chunked]
+          [--models euclidean ambient polar-reference polar polar-chunked] [--interleave]
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic, Polar-ViT in polar arithmetic
 with the reference layers (``fused_ops=False``: geometry functions differentiated by autograd, eager
-attention), with the fused layers (``fused_ops=True``, the default: ``modeling/fused.py``) and
-fused with the chunked attention core.
+attention), with the fused layers (``fused_ops=True``, the default: ``modeling/fused.py``, with its
+compiled CPU kernels), fused without the compiled kernels (``polar-eager``) and fused with the chunked
+attention core.
 
 Each model runs in its own subprocess (peak memory: the growth of the resident set, sampled in
 the background, over the first training step; saved bytes: the distinct non-parameter tensors
 autograd keeps for backward, counted with ``torch.autograd.graph.saved_tensors_hooks``); times are
-the median of ``--repeats`` steps after ``--warmup`` steps; ratios are taken within this one run.  The
+the median of ``--repeats`` steps after ``--warmup`` steps; ratios are taken within this one run
+(``--interleave``: all models stay alive and step in turns, and the time ratios are the medians of the
+per-round ratios, robust to the machine's speed drifting during the run).  The
 Euclidean model is
 transformers' ``ViTForImageClassification`` with the same depth, width, MLP width, heads and patch
 size.  Writes ``step_time.csv`` and ``step_time.png`` to ``--out``.
@@ -29,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-MODELS = ("euclidean", "ambient", "polar-reference", "polar", "polar-chunked")
+MODELS = ("euclidean", "ambient", "polar-reference", "polar", "polar-eager", "polar-chunked")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -38,6 +41,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import polar_vit_hf as P
     from polar_vit_hf.baselines import euclidean_vit
+    from polar_vit_hf.modeling.fused import set_cpu_kernels
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -51,6 +55,8 @@ def worker(args: argparse.Namespace) -> None:
             config.polar_attn_implementation = "chunked"
         model = P.PolarViTForImageClassification(config)
         P.geometry.set_input_checks(False)  # training loops validate inputs once, not per operation
+        if args.model == "polar-eager":
+            set_cpu_kernels(False)
     device = torch.device(args.device)
     model.to(device).train()
     pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)
@@ -71,11 +77,19 @@ def worker(args: argparse.Namespace) -> None:
     saved = saved_bytes(model, lambda: step_fn(pixel_values=pixels, labels=labels).loss)
     for _ in range(args.warmup - 1):
         step()
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    if args.serve:  # interleaved: one timed step per line read from stdin, until EOF
+        print(json.dumps({"ready": True}), flush=True)
+        for _ in sys.stdin:
+            start = time.perf_counter()
+            step()
+            print(json.dumps({"step_s": time.perf_counter() - start}), flush=True)
+        times = [0.0]
+    else:
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
     print(json.dumps({
         "model": args.model,
         "median_s": statistics.median(times),
@@ -144,7 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
                         help="which models to time (ratios need euclidean / ambient among them)")
     parser.add_argument("--out", default="outputs/step_time")
+    parser.add_argument("--interleave", action="store_true",
+                        help="keep every model's process alive and time their steps in turns (round robin), so a "
+                             "change in the machine's speed during the run hits every model alike; the ratios are "
+                             "the medians of the per-round ratios (all models resident at once: mind the memory)")
     parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.model:
         worker(args)
@@ -152,14 +171,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm.auto import tqdm
 
-    results = {}
-    for name in tqdm(args.models, desc="models", unit="model"):
-        command = [sys.executable, __file__, "--model", name, "--preset", args.preset, "--batch", str(args.batch),
-                   "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads),
-                   "--device", args.device]
-        if args.compile:
-            command.append("--compile")
-        done = subprocess.run(command, capture_output=True, text=True)
+    def command(name: str) -> list[str]:
+        line = [sys.executable, __file__, "--model", name, "--preset", args.preset, "--batch", str(args.batch),
+                "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads),
+                "--device", args.device]
+        return line + (["--compile"] if args.compile else []) + (["--serve"] if args.interleave else [])
+
+    results = interleaved(args, command, tqdm) if args.interleave else {}
+    if results is None:
+        return 1
+    for name in ([] if args.interleave else tqdm(args.models, desc="models", unit="model")):
+        done = subprocess.run(command(name), capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)
             return done.returncode
@@ -175,15 +197,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{'saved for bwd':>14} {'vs ViT':>7}")
     labels = {"euclidean": "Euclidean ViT (transformers)", "ambient": "Polar-ViT, ambient arithmetic",
               "polar-reference": "Polar-ViT, polar, reference layers", "polar": "Polar-ViT, polar, fused (default)",
+              "polar-eager": "Polar-ViT, fused, no compiled kernels",
               "polar-chunked": "Polar-ViT, polar, fused + chunked attn"}
     euclid = results.get("euclidean")
     ratio = lambda value, key: f"{value / euclid[key]:>6.2f}x" if euclid else f"{'-':>7}"  # noqa: E731
+    if args.interleave and euclid:  # time ratios: medians of the per-round ratios
+        paired = {name: statistics.median(t / e for t, e in zip(results[name]["times"], euclid["times"]))
+                  for name in args.models}
+        ratio = lambda value, key, name=None: (  # noqa: E731
+            f"{paired[name]:>6.2f}x" if key == "median_s" else f"{value / euclid[key]:>6.2f}x")
     for name in args.models:
         r = results[name]
-        print(f"{labels[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms "
-              f"{ratio(r['median_s'], 'median_s')} "
+        time_ratio = ratio(r["median_s"], "median_s", name) if args.interleave and euclid else ratio(r["median_s"],
+                                                                                                   "median_s")
+        print(f"{labels[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {time_ratio} "
               f"{r['peak_growth_mib']:>12.0f} MiB {ratio(r['peak_growth_mib'], 'peak_growth_mib')} "
               f"{r['saved_mib']:>10.0f} MiB {ratio(r['saved_mib'], 'saved_mib')}")
+    if args.interleave and euclid:
+        print("(interleaved: time ratios are medians of the per-round ratios; per-round ViT / model times in ms: "
+              + "; ".join(f"{name} " + " ".join(f"{t * 1e3:.0f}" for t in results[name]["times"])
+                          for name in args.models) + ")")
     if {"polar", "ambient"} <= set(results):
         print(f"polar / ambient: {results['polar']['median_s'] / results['ambient']['median_s']:.2f}x")
     if {"polar", "polar-reference"} <= set(results):
@@ -204,6 +237,39 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def interleaved(args: argparse.Namespace, command, tqdm) -> dict | None:
+    """Start every model's process (one after another: each measures its memory alone), then time one step
+    of each in turn, ``--repeats`` rounds.  Returns the per-model results, ``times`` in round order."""
+    workers = {}
+    try:
+        for name in tqdm(args.models, desc="start models", unit="model"):
+            workers[name] = subprocess.Popen(command(name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True)
+            line = workers[name].stdout.readline()
+            if not line or not json.loads(line).get("ready"):
+                print(workers[name].stderr.read()[-3000:], file=sys.stderr)
+                return None
+        times = {name: [] for name in args.models}
+        for _ in tqdm(range(args.repeats), desc="rounds", unit="round"):
+            for name, worker in workers.items():
+                worker.stdin.write("step\n")
+                worker.stdin.flush()
+                times[name].append(json.loads(worker.stdout.readline())["step_s"])
+        results = {}
+        for name, worker in workers.items():
+            out, err = worker.communicate()  # EOF on stdin: the worker prints its summary
+            if worker.returncode != 0:
+                print(err[-3000:], file=sys.stderr)
+                return None
+            results[name] = {**json.loads(out.strip().splitlines()[-1]), "times": times[name],
+                             "median_s": statistics.median(times[name])}
+        return results
+    finally:
+        for worker in workers.values():
+            if worker.poll() is None:
+                worker.kill()
+
+
 def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> None:
     import matplotlib
 
@@ -212,7 +278,8 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = list(results)
-    colors = [dict(zip(MODELS, ["tab:gray", "tab:red", "tab:purple", "tab:blue", "tab:cyan"]))[n] for n in names]
+    colors = [dict(zip(MODELS, ["tab:gray", "tab:red", "tab:purple", "tab:blue", "tab:green", "tab:cyan"]))[n]
+              for n in names]
     for ax, key, scale, label in ((axes[0], "median_s", 1e3, "ms / step (fwd + bwd)"),
                                   (axes[1], "peak_growth_mib", 1.0, "peak RSS growth (MiB)"),
                                   (axes[2], "saved_mib", 1.0, "saved for backward (MiB)")):

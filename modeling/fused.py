@@ -18,6 +18,8 @@ This module is part of the remote code of exported checkpoints: it imports only 
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import torch
 from torch import Tensor
@@ -25,6 +27,63 @@ from torch import Tensor
 from .geometry import _SERIES_C, asinh_exp, centroid_radius  # _SERIES_C: below it asinh(s)/s is a series
 
 GROUP_ELEMENTS = 1 << 18  # N x M elements per group of (batch, head) slices (cache-sized)
+
+
+# --------------------------------------------------------------------------------------------
+# compiled kernels (CPU training)
+# --------------------------------------------------------------------------------------------
+_KERNELS = {"enabled": os.environ.get("POLAR_VIT_CPU_KERNELS", "1") != "0", "compiled": {}}
+
+
+def set_cpu_kernels(enabled: bool) -> None:
+    """Turn the compiled CPU kernels of the fused layers on or off for this process (on by default;
+    ``POLAR_VIT_CPU_KERNELS=0`` in the environment starts with them off)."""
+    _KERNELS["enabled"] = bool(enabled)
+
+
+def cpu_kernels_enabled() -> bool:
+    """Whether the fused layers may use their compiled CPU kernels (:func:`set_cpu_kernels`)."""
+    return _KERNELS["enabled"]
+
+
+def use_kernels(like: Tensor, training: bool) -> bool:
+    """Compiled kernels for a call: training (backward will run), float32 on the CPU, not inside ``torch.compile``.
+
+    Inference and float64 run the same formulas eagerly: no compile latency where one pass is all there is.
+    """
+    return (_KERNELS["enabled"] and training and like.device.type == "cpu" and like.dtype == torch.float32
+            and not torch.compiler.is_compiling())
+
+
+def kernel(fn):
+    """``fn`` compiled by inductor with dynamic shapes (one compile per process and argument kind, reused
+    from inductor's on-disk cache), or ``fn`` itself if compiling fails (no C++ compiler): a warning, then
+    eager for the rest of the process.  The elementwise chains of a fused layer then run as a few loops
+    instead of one pass over memory per operation."""
+    compiled = _KERNELS["compiled"]
+    if fn not in compiled:
+        compiled[fn] = torch.compile(fn, dynamic=True, fullgraph=True)
+
+    def run(*args):
+        if compiled[fn] is not fn:
+            try:
+                return compiled[fn](*args)
+            except Exception as error:  # noqa: BLE001 - a compiler failure falls back to the same formulas
+                warnings.warn(f"polar_vit_hf: compiled CPU kernels unavailable ({type(error).__name__}: "
+                              f"{str(error)[:200]}); running eager", stacklevel=2)
+                compiled[fn] = fn
+        return fn(*args)
+    return run
+
+
+def _training(*inputs: Tensor | None) -> bool:
+    """Whether autograd records a call on ``inputs`` (backward may follow), decided outside the Function."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+
+
+def run_maybe_compiled(fn, training: bool, like: Tensor, *args):
+    """``fn(*args)``, through :func:`kernel` where :func:`use_kernels` says so."""
+    return kernel(fn)(*args) if use_kernels(like, training) else fn(*args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,6 +455,46 @@ def _unit_coords(r: Tensor, u: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, T
     return x, a, sinh_a, cosh_a
 
 
+def _is_gelu(activation) -> bool:
+    """transformers' exact ``GELUActivation`` (its backward is ``aten.gelu_backward``)."""
+    return getattr(activation, "act", None) is torch.nn.functional.gelu
+
+
+def _polar_fc_epilogue(pre: Tensor, a: Tensor, klein: Tensor | None, norm_power: Tensor | None,
+                       radius_weight: Tensor | None, radius_bias: Tensor | None, sqrt_k: float,
+                       gelu: bool) -> tuple[Tensor, Tensor]:
+    """``([r', u'] (T, H, d+1), ||h|| (T, H))`` of Eq. 8 from the pre-activation ``pre = W x / sqrt(k)``.
+
+    ``h = gelu(pre)`` (or ``pre``), ``u' = h / ||h||`` (``e_0`` where ``h = 0``), ``r' = sqrt(k) arsinh(e^l)`` with
+    ``l = beta ln||h|| + lambda a + tanh(a) klein + varphi_0`` (``klein = u . varphi``), or ``l = ln||h||``
+    without the radius rule.
+    """
+    h = torch.nn.functional.gelu(pre) if gelu else pre
+    norm = torch.linalg.vector_norm(h, dim=-1)  # (T, H)
+    log_radius = torch.log(norm.clamp_min(1e-30))
+    if norm_power is not None:
+        log_radius = torch.addcmul(radius_bias + radius_weight * a.unsqueeze(-1), norm_power, log_radius)
+        log_radius = log_radius + torch.tanh(a).unsqueeze(-1) * klein
+    nonzero = norm > 0
+    direction = h / torch.where(nonzero, norm, torch.ones_like(norm)).unsqueeze(-1)
+    first = torch.where(nonzero, direction[..., 0], torch.ones_like(norm))  # h = 0: direction e_0
+    radius = asinh_exp(log_radius) * sqrt_k
+    return torch.cat([radius.unsqueeze(-1), first.unsqueeze(-1), direction[..., 1:]], dim=-1), norm
+
+
+def _polar_fc_epilogue_backward(grad_out: Tensor, out: Tensor, norm: Tensor, norm_power: Tensor | None,
+                                pre: Tensor | None, sqrt_k: float) -> tuple[Tensor, Tensor]:
+    """``(dL/dpre, g_l)`` of :func:`_polar_fc_epilogue` (``dL/dh`` where ``pre`` is ``None``), with
+    ``g_l = sqrt(k) g_r' tanh(a')`` and ``g_h = (g_u' + (beta g_l - g_u'.u') u') / ||h||``."""
+    u_out, g_u_out = out[..., 1:], grad_out[..., 1:]
+    g_l = grad_out[..., 0] * sqrt_k * torch.tanh(out[..., 0] / sqrt_k)  # (T, H)
+    coef = (g_l * norm_power if norm_power is not None else g_l) - (g_u_out * u_out).sum(-1)
+    nonzero = norm > 0
+    inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    g_h = torch.addcmul(g_u_out, coef.unsqueeze(-1), u_out) * inv_norm.unsqueeze(-1)
+    return (g_h if pre is None else torch.ops.aten.gelu_backward(g_h, pre)), g_l
+
+
 class FusedPolarFC(torch.autograd.Function):
     r"""``H`` Polar-FCs (Eq. 8) on tokens ``p = [r, u]`` ``(T, n+1)`` -> ``[r', u']`` ``(T, H, d+1)``.
 
@@ -411,21 +510,17 @@ class FusedPolarFC(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, p, weight, norm_power, radius_weight, klein_weight, radius_bias, sqrt_k, heads,  # noqa: D102
-                activation):
+                activation, training):
         x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
         pre = (x @ weight.t()).view(p.shape[0], heads, -1)  # (T, H, d)
-        h = activation(pre) if activation is not None else pre
-        norm = torch.linalg.vector_norm(h, dim=-1)  # (T, H)
-        log_radius = torch.log(norm.clamp_min(1e-30))
-        if norm_power is not None:
-            tanh_a = torch.tanh(a).unsqueeze(-1)
-            log_radius = torch.addcmul(radius_bias + radius_weight * a.unsqueeze(-1),
-                                       norm_power, log_radius)
-            log_radius += tanh_a * (p[:, 1:] @ klein_weight.t())
-        out = h.new_empty(*h.shape[:-1], h.shape[-1] + 1)  # [r', u'] filled by slices
-        out[..., 0] = asinh_exp(log_radius).mul_(sqrt_k)
-        out[..., 1:] = h / torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1)
-        out[..., 1] = torch.where(norm > 0, out[..., 1], torch.ones_like(norm))  # h = 0: direction e_0
+        gelu = _is_gelu(activation)
+        if activation is None or gelu:
+            klein = None if norm_power is None else p[:, 1:] @ klein_weight.t()  # (T, H)
+            out, norm = run_maybe_compiled(_polar_fc_epilogue, training, pre, pre, a, klein,
+                                           norm_power, radius_weight, radius_bias, sqrt_k, gelu)
+        else:
+            out, norm = _polar_fc_epilogue(activation(pre), a, None if norm_power is None else p[:, 1:] @
+                                           klein_weight.t(), norm_power, radius_weight, radius_bias, sqrt_k, False)
         ctx.save_for_backward(p, weight, norm_power, radius_weight, klein_weight, out, norm,
                               pre if activation is not None else None)
         ctx.sqrt_k, ctx.activation = sqrt_k, activation
@@ -437,18 +532,11 @@ class FusedPolarFC(torch.autograd.Function):
         sqrt_k = ctx.sqrt_k
         r, u = p[:, 0], p[:, 1:]
         x, a, sinh_a, cosh_a = _unit_coords(r, u, sqrt_k)
-        u_out, g_u_out = out[..., 1:], grad_out[..., 1:]
-        g_l = grad_out[..., 0] * sqrt_k * torch.tanh(out[..., 0] / sqrt_k)  # (T, H)
-        coef = (g_l * norm_power if norm_power is not None else g_l) - (g_u_out * u_out).sum(-1)
-        nonzero = norm > 0
-        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)),
-                               torch.zeros_like(norm))
-        g_h = torch.addcmul(g_u_out, coef.unsqueeze(-1), u_out).mul_(inv_norm.unsqueeze(-1))
-        if pre is None:
-            g_pre = g_h
-        elif getattr(ctx.activation, "act", None) is torch.nn.functional.gelu:  # transformers' GELUActivation
-            g_pre = torch.ops.aten.gelu_backward(g_h, pre)
+        if pre is None or _is_gelu(ctx.activation):
+            g_pre, g_l = run_maybe_compiled(_polar_fc_epilogue_backward, True, out, grad_out, out, norm, norm_power,
+                                            pre, sqrt_k)
         else:
+            g_h, g_l = _polar_fc_epilogue_backward(grad_out, out, norm, norm_power, None, sqrt_k)
             with torch.enable_grad():
                 leaf = pre.detach().requires_grad_(True)
                 (g_pre,) = torch.autograd.grad(ctx.activation(leaf), leaf, g_h)
@@ -469,7 +557,7 @@ class FusedPolarFC(torch.autograd.Function):
                           (g_l * tanh_a.unsqueeze(-1)).t() @ u, g_l.sum(0))
         g_p = g_x  # [g_a / sqrt(k), g_u] written over g_x (g_u is g_x[:, 1:] scaled in place)
         g_p[:, 0] = g_a / sqrt_k
-        return (g_p, g_weight, *grads_rule, None, None, None)
+        return (g_p, g_weight, *grads_rule, None, None, None, None)
 
 
 def fused_polar_fc(p: Tensor, weight: Tensor, rule: tuple[Tensor, Tensor, Tensor, Tensor] | None, sqrt_k: float,
@@ -477,7 +565,8 @@ def fused_polar_fc(p: Tensor, weight: Tensor, rule: tuple[Tensor, Tensor, Tensor
     """``heads`` Polar-FCs (Eq. 8) on ``p (..., n+1)`` -> ``(..., heads, d+1)``; ``rule`` is
     ``(beta, lambda, varphi, varphi_0)`` of shapes ``(H,), (H,), (H, n), (H,)`` or ``None`` (Lorentz FC)."""
     rule = rule if rule is not None else (None, None, None, None)
-    out = FusedPolarFC.apply(p.reshape(-1, p.shape[-1]), weight, *rule, float(sqrt_k), int(heads), activation)
+    out = FusedPolarFC.apply(p.reshape(-1, p.shape[-1]), weight, *rule, float(sqrt_k), int(heads), activation,
+                             _training(p, weight, *rule))
     return out.view(*p.shape[:-1], heads, -1)
 
 
@@ -912,6 +1001,18 @@ def _boost_residual_backward(grad: Tensor, alpha: Tensor, strength: Tensor | Non
     return g_x, g_f, g_alpha
 
 
+def _boost_residual_output(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
+    """The output of :func:`_boost_residual_forward` alone."""
+    return _boost_residual_forward(x, f, alpha, strength, sqrt_k)[0]
+
+
+def _boost_residual_gradients(grad: Tensor, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None,
+                              sqrt_k: float):
+    """The forward recomputed, then :func:`_boost_residual_backward`: ``(dL/dx, dL/df, dL/dalpha)``."""
+    return _boost_residual_backward(grad, alpha, strength, sqrt_k, _boost_residual_forward(x, f, alpha, strength,
+                                                                                           sqrt_k)[1])
+
+
 class FusedBoostResidual(torch.autograd.Function):
     r"""The boost residual of Eq. 12 as one function: ``a' = a + alpha (b_par - mean_N b_par)``,
     ``u' = normalize(tanh(a) u + sinhc(alpha b |v_perp|) alpha b v_perp)`` with ``b_par = b (u . v)`` and the
@@ -922,8 +1023,8 @@ class FusedBoostResidual(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, f, alpha, strength, sqrt_k):  # noqa: D102
-        out, _ = _boost_residual_forward(x, f, alpha, strength, sqrt_k)
+    def forward(ctx, x, f, alpha, strength, sqrt_k, training):  # noqa: D102
+        out = run_maybe_compiled(_boost_residual_output, training, x, x, f, alpha, strength, sqrt_k)
         ctx.save_for_backward(x, f, alpha, strength)
         ctx.sqrt_k = sqrt_k
         return out
@@ -931,9 +1032,9 @@ class FusedBoostResidual(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         x, f, alpha, strength = ctx.saved_tensors
-        _, state = _boost_residual_forward(x, f, alpha, strength, ctx.sqrt_k)
-        g_x, g_f, g_alpha = _boost_residual_backward(grad, alpha, strength, ctx.sqrt_k, state)
-        return g_x, g_f, g_alpha, None, None
+        g_x, g_f, g_alpha = run_maybe_compiled(_boost_residual_gradients, True, x, grad, x, f, alpha, strength,
+                                               ctx.sqrt_k)
+        return g_x, g_f, g_alpha, None, None, None
 
 
 def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
@@ -941,4 +1042,4 @@ def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor |
 
     See :class:`FusedBoostResidual`.
     """
-    return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k))
+    return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k), _training(x, f, alpha))

@@ -18,6 +18,9 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="polar-vit-hf-home-"))
 os.environ.setdefault("MPLBACKEND", "Agg")
+# the compiled CPU kernels of the fused layers (inductor, a compile per process and kernel) stay off in the suite,
+# where every test and subprocess trains for a few steps; tests/test_cpu_kernels.py turns them on and checks them
+os.environ.setdefault("POLAR_VIT_CPU_KERNELS", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -1,0 +1,126 @@
+"""Compiled CPU kernels of the fused layers (``modeling/fused.py``: :func:`kernel`, :func:`use_kernels`).
+
+Training in float32 on the CPU runs the boost residual and the Polar-FC epilogues through inductor-compiled
+kernels; these tests turn them on (the rest of the suite runs with ``POLAR_VIT_CPU_KERNELS=0``) and check
+them against the same formulas run eagerly and against float64, on a whole model and per function, and that
+inference, float64 and compiler failures stay eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_fused import directions, radii
+from transformers.activations import GELUActivation
+
+import polar_vit_hf as P
+from polar_vit_hf.modeling import fused
+
+F64 = torch.float64
+
+
+@pytest.fixture
+def kernels_on():
+    before = fused.cpu_kernels_enabled()
+    fused.set_cpu_kernels(True)
+    yield
+    fused.set_cpu_kernels(before)
+
+
+def points(batch: int, tokens: int, dim: int, rmax: float, seed: int) -> torch.Tensor:
+    return torch.cat([radii(batch, tokens, 1, rmax=rmax, seed=seed), directions(batch, tokens, dim, seed=seed)], -1)
+
+
+def outputs_and_grads(fn, inputs):
+    """``fn``'s output and the gradients of a fixed weighted sum of it with respect to the float inputs."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    out = fn(*leaves)
+    weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).view_as(out)
+    grads = torch.autograd.grad((out * weights).sum(), [t for t in leaves if t.requires_grad])
+    return [out.detach(), *grads]
+
+
+def check_kernels(fn, *inputs):
+    """Kernels on (float32) against float64: within 4x the error of the same float32 inputs run eagerly
+    (or 2e-6 of the largest entry), for the output and every input gradient."""
+    fused.set_cpu_kernels(True)
+    with_kernels = outputs_and_grads(fn, inputs)
+    fused.set_cpu_kernels(False)
+    eager = outputs_and_grads(fn, inputs)
+    fused.set_cpu_kernels(True)
+    exact = outputs_and_grads(fn, [t.double() for t in inputs])
+    for got, eager32, want in zip(with_kernels, eager, exact):
+        err, eager_err = (got.double() - want).abs().max(), (eager32.double() - want).abs().max()
+        assert err <= max(4 * eager_err, 2e-6 * want.abs().max() + 1e-12), (float(err), float(eager_err))
+
+
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
+@pytest.mark.parametrize("drop_path", [False, True])
+def test_boost_residual_kernel_matches_eager_and_float64(kernels_on, rmax, drop_path):
+    x, f = points(2, 9, 16, rmax, 1).float(), points(2, 9, 16, rmax, 2).float()
+    alpha = torch.tensor(0.7)
+    strength = torch.tensor([[0.0], [2.0]]) if drop_path else None
+
+    def fn(x, f, alpha):
+        return fused.fused_boost_residual(x, f, alpha, None if strength is None else strength.to(x.dtype), 1.0)
+
+    check_kernels(fn, x, f, alpha)
+    assert fused._boost_residual_output in fused._KERNELS["compiled"]
+
+
+@pytest.mark.parametrize("activation,heads,rule", [(GELUActivation(), 1, True), (None, 3, True), (None, 1, False)])
+def test_polar_fc_epilogue_kernels_match_eager(kernels_on, activation, heads, rule):
+    torch.manual_seed(0)
+    p = points(1, 40, 12, 4.0, 3).float().squeeze(0)
+    out_features = heads * 6
+    weight = torch.randn(out_features, 13) * 0.3
+    rule_parameters = (torch.full((heads,), 1.1), torch.full((heads,), 0.2), torch.randn(heads, 12) * 0.1,
+                       torch.full((heads,), -0.3)) if rule else ()
+
+    def fn(p, weight, *rule_parameters):
+        return fused.fused_polar_fc(p, weight, rule_parameters or None, 1.0, heads, activation)
+
+    check_kernels(fn, p, weight, *rule_parameters)
+    assert fused._polar_fc_epilogue in fused._KERNELS["compiled"]
+
+
+def test_training_step_with_kernels_matches_eager_and_inference_stays_eager(kernels_on):
+    torch.manual_seed(0)
+    config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10, num_hidden_layers=2, drop_path_rate=0.0)
+    model = P.PolarViTForImageClassification(config).train()
+    pixels, labels = torch.randn(2, 3, 32, 32), torch.tensor([1, 7])
+    results = []
+    for on in (True, False):
+        fused.set_cpu_kernels(on)
+        loss = model(pixel_values=pixels, labels=labels).loss
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        model.zero_grad(set_to_none=True)
+    (loss_k, grads_k), (loss_e, grads_e) = results
+    assert torch.allclose(loss_k, loss_e, rtol=1e-6)
+    scale = max(float(g.abs().max()) for g in grads_e)
+    assert max(float((a - b).abs().max()) for a, b in zip(grads_k, grads_e)) <= 1e-4 * scale
+    fused._KERNELS["compiled"].clear()
+    fused.set_cpu_kernels(True)
+    with torch.no_grad():
+        model.eval()(pixel_values=pixels)
+    model.double()(pixel_values=pixels.double(), labels=labels).loss.backward()
+    assert not fused._KERNELS["compiled"]  # inference and float64 never compile
+
+
+def test_a_compiler_failure_warns_once_and_runs_eager(kernels_on, monkeypatch):
+    def broken(fn, **_):
+        def run(*args):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    fused._KERNELS["compiled"].clear()
+    monkeypatch.setattr(torch, "compile", broken)
+    x, f = points(1, 5, 8, 2.0, 4).float(), points(1, 5, 8, 2.0, 5).float()
+    alpha = torch.tensor(0.5, requires_grad=True)
+    with pytest.warns(UserWarning, match="compiled CPU kernels unavailable.*no C\\+\\+ compiler"):
+        out = fused.fused_boost_residual(x, f, alpha, None, 1.0)
+    assert fused._KERNELS["compiled"][fused._boost_residual_output] is fused._boost_residual_output
+    fused.set_cpu_kernels(False)
+    assert torch.equal(out, fused.fused_boost_residual(x, f, alpha, None, 1.0))
+    fused._KERNELS["compiled"].clear()

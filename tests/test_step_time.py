@@ -1,0 +1,30 @@
+"""``benchmarks/step_time.py``: the training-step benchmark of issue 10 runs and reports what it claims (not timed)."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+
+def test_interleaved_step_time_reports_paired_ratios_memory_and_saved_bytes(tmp_path, capsys):
+    from polar_vit_hf.benchmarks import step_time
+
+    code = step_time.main(["--models", "euclidean", "polar", "--batch", "2", "--repeats", "2", "--warmup", "1",
+                           "--threads", "1", "--interleave", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    rows = {line.split("  ")[0]: line for line in out.splitlines() if line.startswith(("Euclidean", "Polar-ViT"))}
+    assert set(rows) == {"Euclidean ViT (transformers)", "Polar-ViT, polar, fused (default)"}
+    assert re.search(r"ms\s+1\.00x", rows["Euclidean ViT (transformers)"])
+    # the per-round times printed are the ones the paired time ratio is the median of
+    rounds = re.search(r"euclidean ([\d ]+); polar ([\d ]+)\)", out)
+    euclid, polar = ([float(v) for v in group.split()] for group in rounds.groups())
+    assert len(euclid) == len(polar) == 2
+    shown = float(re.search(r"ms\s+([\d.]+)x", rows["Polar-ViT, polar, fused (default)"]).group(1))
+    paired = sorted(p / e for p, e in zip(polar, euclid))
+    assert paired[0] - 0.02 <= shown <= paired[-1] + 0.02
+    with open(tmp_path / "step_time.csv") as handle:
+        table = {row["model"]: row for row in csv.DictReader(handle)}
+    assert set(table) == {"euclidean", "polar"}
+    assert all(float(row["saved_mib"]) > 0 and float(row["median_s"]) > 0 for row in table.values())
+    assert (tmp_path / "step_time.png").stat().st_size > 0
