@@ -20,11 +20,26 @@ F64 = torch.float64
 
 
 @pytest.fixture
-def kernels_on():
+def kernels_on(monkeypatch):
+    """Kernels on, for tensors of any size (the tests use small ones)."""
     before = fused.cpu_kernels_enabled()
     fused.set_cpu_kernels(True)
+    monkeypatch.setattr(fused, "KERNEL_MIN_ELEMENTS", 0)
     yield
     fused.set_cpu_kernels(before)
+
+
+def test_small_tensors_and_inference_do_not_use_the_kernels():
+    big = torch.zeros(fused.KERNEL_MIN_ELEMENTS)
+    before = fused.cpu_kernels_enabled()
+    fused.set_cpu_kernels(True)
+    try:
+        assert fused.use_kernels(big, training=True)
+        assert not fused.use_kernels(big[:-1], training=True)  # too small to win a compile back
+        assert not fused.use_kernels(big, training=False)
+        assert not fused.use_kernels(big.double(), training=True)
+    finally:
+        fused.set_cpu_kernels(before)
 
 
 def points(batch: int, tokens: int, dim: int, rmax: float, seed: int) -> torch.Tensor:
