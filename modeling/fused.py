@@ -523,13 +523,12 @@ class FusedPolarFC(torch.autograd.Function):
         x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
         pre = (x @ weight.t()).view(p.shape[0], heads, -1)  # (T, H, d)
         gelu = _is_gelu(activation)
+        klein = None if norm_power is None else p[:, 1:] @ klein_weight.t()  # (T, H): u . varphi
+        rule = (norm_power, radius_weight, radius_bias, sqrt_k)
         if activation is None or gelu:
-            klein = None if norm_power is None else p[:, 1:] @ klein_weight.t()  # (T, H)
-            out, norm = run_maybe_compiled(_polar_fc_epilogue, training, pre, pre, a, klein,
-                                           norm_power, radius_weight, radius_bias, sqrt_k, gelu)
-        else:
-            out, norm = _polar_fc_epilogue(activation(pre), a, None if norm_power is None else p[:, 1:] @
-                                           klein_weight.t(), norm_power, radius_weight, radius_bias, sqrt_k, False)
+            out, norm = run_maybe_compiled(_polar_fc_epilogue, training, pre, pre, a, klein, *rule, gelu)
+        else:  # any other activation: applied eagerly, the epilogue without one
+            out, norm = _polar_fc_epilogue(activation(pre), a, klein, *rule, False)
         ctx.save_for_backward(p, weight, norm_power, radius_weight, klein_weight, out, norm,
                               pre if activation is not None else None)
         ctx.sqrt_k, ctx.activation = sqrt_k, activation
