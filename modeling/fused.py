@@ -30,7 +30,7 @@ from torch import Tensor
 
 from .geometry import _SERIES_C, asinh_exp, centroid_radius  # _SERIES_C: below it asinh(s)/s is a series
 
-GROUP_ELEMENTS = 1 << 18  # N x M elements per group of (batch, head) slices (cache-sized)
+GROUP_ELEMENTS = 1 << 19  # N x M elements per group of (batch, head) slices (cache-sized)
 GEMM_ALIGN = 8  # the Polar-FC's inner width n+1 is zero-padded to a multiple of this (MKL: odd widths run 2.3x slower)
 
 
@@ -195,56 +195,74 @@ def row_gradients(grad_r: Tensor, grad_u: Tensor, stats: Tensor, a_mu: Tensor, u
 CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
 
 
-def _pair_chords(out: Tensor, tmp: Tensor, u_t: Tensor, v_t: Tensor, wide: Tensor | None = None) -> Tensor:
+def chord_operands(u: Tensor, right: bool = False) -> Tensor:
+    """Float64 operands whose product is every pair's chord ``1/2 |u_i|^2 + 1/2 |v_j|^2 - u_i.v_j`` (App. D.1).
+
+    Left (``right=False``): ``[u, 1/2 |u|^2, 1]`` ``(G, N, d+2)``; right: ``[-v, 1, 1/2 |v|^2]`` transposed to
+    ``(G, d+2, M)``: one float64 matrix product, no ``N x M`` addition.
+    """
+    dim = u.shape[-1]
+    ops = u.new_empty(*u.shape[:-1], dim + 2, dtype=torch.float64)
+    coords = ops[..., :dim]
+    coords.copy_(u)
+    ops[..., dim + (0 if right else 1)] = 1.0
+    torch.mul(coords.square().sum(-1), 0.5, out=ops[..., dim + (1 if right else 0)])
+    if not right:
+        return ops
+    coords.neg_()
+    return ops.transpose(-1, -2)
+
+
+def _pair_chords(out: Tensor, tmp: Tensor, u: Tensor, v: Tensor, wide: Tensor | None = None,
+                 ops: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """``out = 1/2 ||u_i - v_j||^2`` for all pairs, never ``1 - u.v`` in the input precision (App. D.1).
 
-    ``u_t (G, d, N)``, ``v_t (G, d, M)`` (coordinates first), ``out``/``tmp`` ``(G, N, M)`` buffers.
-    Without ``wide``: the exact coordinate differences, one subtraction and one fused square-add per
-    coordinate.  With a float64 buffer ``wide (G, N, M)`` (float32 / half inputs): one float64
-    product ``1/2 ||u||^2 + 1/2 ||v||^2 - u.v``, whose absolute error (``~d 2^-53``) is below
-    ``2e-9`` of every chord ``>= CHORD_PRODUCT_ABOVE``, so the rounded result is the float32 value of
-    the exact chord; the few pairs below that (nearly equal directions) are recomputed from their
-    coordinate differences.  Never an ``N x M x d`` tensor.
+    ``u (G, N, d)``, ``v (G, M, d)``, ``out``/``tmp`` ``(G, N, M)`` buffers.  Without ``wide``: the exact
+    coordinate differences, one subtraction and one fused square-add per coordinate.  With a float64
+    buffer ``wide (G, N, M)`` (float32 / half inputs) and the :func:`chord_operands` ``ops`` of ``u`` and
+    ``v``: one float64 product, whose absolute error (``~d 2^-53``) is below ``2e-9`` of every chord
+    ``>= CHORD_PRODUCT_ABOVE``, so the rounded result is the float32 value of the exact chord; the few
+    pairs below that (nearly equal directions) are recomputed from their coordinate differences.
+    Never an ``N x M x d`` tensor.
     """
     if wide is None:
-        torch.sub(u_t[:, 0].unsqueeze(-1), v_t[:, 0].unsqueeze(-2), out=out)
+        torch.sub(u[..., 0].unsqueeze(-1), v[..., 0].unsqueeze(-2), out=out)
         out.mul_(out)
-        for coord in range(1, u_t.shape[1]):
-            torch.sub(u_t[:, coord].unsqueeze(-1), v_t[:, coord].unsqueeze(-2), out=tmp)
+        for coord in range(1, u.shape[-1]):
+            torch.sub(u[..., coord].unsqueeze(-1), v[..., coord].unsqueeze(-2), out=tmp)
             out.addcmul_(tmp, tmp)
         return out.mul_(0.5)
-    u64, v64 = u_t.transpose(-1, -2).double(), v_t.double()
-    half_sq = 0.5 * u64.square().sum(-1), 0.5 * v64.square().sum(-2)
-    torch.add(half_sq[0].unsqueeze(-1), half_sq[1].unsqueeze(-2), out=wide).baddbmm_(u64, v64, alpha=-1.0)
-    out.copy_(wide)
+    out.copy_(torch.bmm(*ops, out=wide))
     if bool(out.min() < CHORD_PRODUCT_ABOVE):  # nearly equal directions: exact differences for those pairs
         g, i, j = (out < CHORD_PRODUCT_ABOVE).nonzero(as_tuple=True)
-        out[g, i, j] = 0.5 * (u_t[g, :, i] - v_t[g, :, j]).square().sum(-1)
+        out[g, i, j] = 0.5 * (u[g, i] - v[g, j]).square().sum(-1)
     return out
 
 
-def _haversine_pairs(buf: list[Tensor], a: Tensor, sinh_a: Tensor, uq_t: Tensor, b: Tensor, sinh_b: Tensor,
-                     uk_t: Tensor, wide: Tensor | None) -> None:
-    """Eq. 5 for all query/key pairs of a group, into workspace buffers.
+def _half_sq_distance_arg(ws: list[Tensor], chord: Tensor, a: Tensor, sinh_a: Tensor, b: Tensor,
+                          half_sinh_b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``s^2 = c / 2`` of Eq. 5 for all pairs of a group, from their chords, into workspace buffers.
 
-    ``buf[0] = chord``, ``buf[1] = t = expm1(|a_i - b_j|)``, ``buf[2] = e^{-|a_i - b_j|}``,
-    ``buf[3] = c = t^2 e^{-|x|} / 2 + sinh a_i sinh b_j chord``, ``buf[4]`` is scratch.
+    ``c / 2 = 1/4 t^2 / (1 + t) + 1/2 sinh a_i sinh b_j chord_ij`` with ``t = expm1(|a_i - b_j|)``
+    (:func:`cosh_minus_one`; every term non-negative).  Returns ``(s^2, t, 1 + t)``; ``ws[0]`` holds
+    ``a_i - b_j``.
     """
-    chord, t, q, c, tmp = buf[:5]
-    _pair_chords(chord, tmp, uq_t, uk_t, wide)
-    torch.sub(a.unsqueeze(-1), b.unsqueeze(-2), out=t).abs_().expm1_()
-    torch.add(t, 1.0, out=q).reciprocal_()
-    torch.mul(t, q, out=c).mul_(t).mul_(0.5)
-    torch.mul(chord, sinh_b.unsqueeze(-2), out=tmp)
-    c.addcmul_(tmp, sinh_a.unsqueeze(-1))
+    diff, t, q, s_sq = ws[:4]
+    torch.sub(a.unsqueeze(-1), b.unsqueeze(-2), out=diff)
+    torch.abs(diff, out=t).expm1_()
+    torch.add(t, 1.0, out=q)
+    torch.mul(chord, half_sinh_b.unsqueeze(-2), out=s_sq).mul_(sinh_a.unsqueeze(-1))
+    s_sq.addcdiv_(torch.mul(t, t, out=ws[4]), q, value=0.25)
+    return s_sq, t, q
 
 
-def _asinh_pairs(asinh_s: Tensor, root: Tensor, tmp: Tensor, scratch: Tensor, c: Tensor) -> None:
-    """``asinh_s = asinh(s)``, ``root = sqrt(1 + s^2)`` for ``s^2 = c / 2`` (as :func:`asinh_sqrt_half`), in place."""
-    torch.mul(c, 0.5, out=tmp)  # s^2
-    torch.add(tmp, 1.0, out=root).sqrt_()
-    torch.sqrt(tmp, out=asinh_s)
-    asinh_s.add_(tmp.div_(torch.add(root, 1.0, out=scratch))).log1p_()
+def _asinh_of_root(asinh_s: Tensor, s: Tensor, root: Tensor, s_sq: Tensor) -> None:
+    """``asinh s = log1p(s + s^2 / (1 + sqrt(1 + s^2)))`` (as :func:`asinh_sqrt_half`) into ``asinh_s``,
+    with ``s`` and ``root = sqrt(1 + s^2)`` in the given buffers."""
+    torch.add(s_sq, 1.0, out=root).sqrt_()
+    torch.sqrt(s_sq, out=s)
+    torch.add(root, 1.0, out=asinh_s)
+    torch.addcdiv(s, s_sq, asinh_s, out=asinh_s).log1p_()
 
 
 def _centre(u: Tensor) -> Tensor:
@@ -258,14 +276,14 @@ def _centre(u: Tensor) -> Tensor:
 def _slice_groups(num_slices: int, n_q: int, n_k: int) -> list[slice]:
     """Groups of ``(batch, head)`` slices whose ``N x M`` temporaries stay cache-sized (``GROUP_ELEMENTS``)."""
     size = max(1, GROUP_ELEMENTS // max(1, n_q * n_k))
-    return [slice(start, start + size) for start in range(0, num_slices, size)]
+    return [slice(start, min(start + size, num_slices)) for start in range(0, num_slices, size)]
 
 
-def _workspace(count: int, groups: list[slice], num_slices: int, n_q: int, n_k: int, like: Tensor) -> list:
+def _workspace(count: int, groups: list[slice], n_q: int, n_k: int, like: Tensor) -> list:
     """``count`` reusable ``(G, N, M)`` buffers for the largest group (fresh large tensors cost page faults),
     then the float64 buffer of :func:`_pair_chords` (``None`` for float64 inputs and under ``torch.compile``,
     which take the coordinate differences)."""
-    size = min(num_slices, groups[0].stop - groups[0].start)
+    size = groups[0].stop - groups[0].start
     wide = like.dtype != torch.float64 and not torch.compiler.is_compiling()
     return [like.new_empty(size, n_q, n_k) for _ in range(count)] + [
         like.new_empty(size, n_q, n_k, dtype=torch.float64) if wide else None]
@@ -276,58 +294,98 @@ def _trim(ws: list, size: int) -> list:
     return [w if w is None else w[:size] for w in ws]
 
 
-def _attention_forward(ws, rq, uq_t, rk, uk_t, rv, uv, uv_t, scale, k):
-    """Forward of :class:`FusedPolarAttention` on one group: ``(a_mu, u_hat, lse, T, E, S, ||V||)``."""
-    sk = math.sqrt(k)
-    a, b, beta = rq / sk, rk / sk, rv / sk
+class _AttentionRows:
+    """Per-slice quantities of :class:`FusedPolarAttention`, computed once for all ``(batch, head)`` slices.
+
+    Radii divided by ``sqrt(k)`` (``a`` queries, ``b`` keys, ``beta`` values), their ``sinh``/``cosh`` and
+    ``sqrt(4 k scale)`` per slice (``score = -(sqrt(4 k scale) asinh s)^2``, Eq. 9).  A group's rows
+    (``rows[group]``) add its value operand ``[cosh beta, e^{-beta}, sinh beta v]`` ``(G, M, d+2)`` of
+    the centroid sums (Eq. 22) and, for float32 inputs, the float64 chord operands of its queries,
+    keys and values (:func:`chord_operands`): built per group, where they stay in cache.
+    """
+
+    def __init__(self, rq, uq, rk, uk, rv, uv, scale, k: float, wide: bool):
+        batch, heads = uq.shape[:2]
+        sk = math.sqrt(k)
+        self.uq, self.uk, self.uv = uq.flatten(0, 1), uk.flatten(0, 1), uv.flatten(0, 1)
+        self.a, self.b, self.beta = rq.flatten(0, 1) / sk, rk.flatten(0, 1) / sk, rv.flatten(0, 1) / sk
+        self.sinh_a, self.cosh_a = sinh_cosh(self.a)
+        self.sinh_b, self.cosh_b = sinh_cosh(self.b)
+        self.sinh_beta, self.cosh_beta = sinh_cosh(self.beta)
+        self.exp_beta = torch.exp(-self.beta)
+        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1).reshape(-1, 1, 1)
+        self.scale, self.root_coef = scale_g, torch.sqrt(scale_g * (4.0 * k))
+        self.wide = wide
+
+    def __getitem__(self, group: slice) -> dict:
+        rows = {name: value[group] for name, value in vars(self).items() if name != "wide"}
+        uv, sinh_beta = rows["uv"], rows["sinh_beta"]
+        values = uv.new_empty(*uv.shape[:-1], uv.shape[-1] + 2)
+        values[..., 0], values[..., 1] = rows["cosh_beta"], rows["exp_beta"]
+        torch.mul(uv, sinh_beta.unsqueeze(-1), out=values[..., 2:])
+        rows["values"] = values
+        rows["q_ops"] = chord_operands(rows["uq"]) if self.wide else None
+        rows["k_ops"] = chord_operands(rows["uk"], right=True) if self.wide else None
+        rows["v_ops"] = chord_operands(uv, right=True) if self.wide else None
+        return rows
+
+
+def _attention_scores(ws: list[Tensor], rows: dict, wide: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Eq. 5 and the scaled distances of one group: ``(w, s, root, asinh s)`` with ``w = sqrt(4 k scale) asinh s``
+    (the score is ``-w^2``), ``s = sqrt(c / 2)``, ``root = sqrt(1 + s^2)``; ``ws[6]`` holds the chords,
+    ``ws[0]`` ``a_i - b_j``, ``ws[1]`` ``t = expm1|a_i - b_j|``, ``ws[2]`` ``1 + t`` and ``ws[3]`` ``s^2``."""
+    chord = _pair_chords(ws[6], ws[4], rows["uq"], rows["uk"], wide, (rows["q_ops"], rows["k_ops"]))
+    diff, t, q, s_sq, s, root, _, asinh_s, w = ws[:9]
+    ws_s = [diff, t, q, s_sq, s]
+    s_sq, t, q = _half_sq_distance_arg(ws_s, chord, rows["a"], rows["sinh_a"], rows["b"], 0.5 * rows["sinh_b"])
+    _asinh_of_root(asinh_s, s, root, s_sq)
+    torch.mul(asinh_s, rows["root_coef"], out=w)
+    return w, s, root, asinh_s
+
+
+def _attention_forward(ws, rows: dict, outputs: dict) -> None:
+    """Forward of :class:`FusedPolarAttention` on one group, into the group's rows of ``outputs``:
+    ``u_hat``, ``lse``, ``sums`` (``T, E, V``), ``S``, ``||V||``."""
     wide = ws[-1]
-    _haversine_pairs(ws, a, sinh_cosh(a)[0], uq_t, b, sinh_cosh(b)[0], uk_t, wide)
-    chord, scores, scratch, c, tmp = ws[:5]
-    _asinh_pairs(scores, chord, tmp, scratch, c)
-    scores.square_().mul_(scale * (-4.0 * k))  # -scale k D^2
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = scores.sub_(lse.unsqueeze(-1)).exp_()
-    sinh_beta, cosh_beta = sinh_cosh(beta)
-    time_terms = probs @ torch.stack([cosh_beta, torch.exp(-beta)], dim=-1)  # (G, N, 2)
-    big_t, big_e = time_terms[..., 0], time_terms[..., 1]
-    big_v = probs @ (sinh_beta.unsqueeze(-1) * uv)
-    v_norm = torch.linalg.vector_norm(big_v, dim=-1)
+    w = _attention_scores(ws, rows, wide)[0]
+    w_min = w.amin(-1, keepdim=True)  # the largest score is -w_min^2
+    probs = torch.addcmul(w_min.square(), w, w, value=-1.0, out=ws[3]).exp_()  # unnormalised
+    total = probs.sum(-1, keepdim=True)
+    torch.log(total, out=outputs["lse"].unsqueeze(-1)).sub_(w_min.square())
+    sums = torch.bmm(probs, rows["values"], out=outputs["sums"]).div_(total)  # (G, N, d+2): T, E, V
+    big_v = sums[..., 2:]
+    v_norm = torch.linalg.vector_norm(big_v, dim=-1, out=outputs["v_norm"])
     nonzero = v_norm > 0
-    u_hat = big_v / torch.where(nonzero, v_norm, torch.ones_like(v_norm)).unsqueeze(-1)
+    u_hat = torch.div(big_v, torch.where(nonzero, v_norm, torch.ones_like(v_norm)).unsqueeze(-1), out=outputs["u_hat"])
     u_hat[..., 0] = torch.where(nonzero, u_hat[..., 0], torch.ones_like(v_norm))  # origin: direction e_0
-    chord_v = _pair_chords(c, tmp, u_hat.transpose(-1, -2), uv_t, wide)
-    big_s = (chord_v.mul_(probs) @ sinh_beta.unsqueeze(-1)).squeeze(-1)
-    a_mu = centroid_radius(big_t, big_e, big_s, v_norm, ~nonzero)
-    return a_mu, u_hat, lse, big_t, big_e, big_s, v_norm
+    ops = None if wide is None else (chord_operands(u_hat), rows["v_ops"])
+    chord_v = _pair_chords(ws[6], ws[4], u_hat, rows["uv"], wide, ops)
+    weighted = chord_v.mul_(probs).mul_(rows["sinh_beta"].unsqueeze(-2)).sum(-1)  # (no slow matrix-vector bmm)
+    torch.div(weighted, total.squeeze(-1), out=outputs["big_s"])
 
 
-def _attention_backward(ws, grad_r, grad_u, rq, uq, uq_t, rk, uk, uk_t, rv, uv, uv_t, scale, k, lse, big_t, big_e,
-                        big_s, v_norm, a_mu, u_hat):
-    """Backward of :class:`FusedPolarAttention` on one group (see its docstring for the formulas)."""
+def _attention_backward(ws, rows: dict, grad_r: Tensor, grad_u: Tensor, saved: dict, grads: dict, k: float) -> None:
+    """Backward of :class:`FusedPolarAttention` on one group (see its docstring for the formulas), into the
+    group's rows of ``grads``."""
     sk = math.sqrt(k)
-    a, b, beta = rq / sk, rk / sk, rv / sk
-    sinh_a, cosh_a = sinh_cosh(a)
-    sinh_b, cosh_b = sinh_cosh(b)
-    sinh_beta, cosh_beta = sinh_cosh(beta)
-    exp_beta = torch.exp(-beta)
+    lse, big_t, big_e, big_s, v_norm, a_mu, u_hat = (saved[name] for name in
+                                                     ("lse", "big_t", "big_e", "big_s", "v_norm", "a_mu", "u_hat"))
+    uq, uk, uv = rows["uq"], rows["uk"], rows["uv"]
+    sinh_a, sinh_b, sinh_beta = rows["sinh_a"], rows["sinh_b"], rows["sinh_beta"]
     g_t, g_e, g_v, _ = centroid_row_gradients(grad_r, grad_u, big_t, big_e, big_s, v_norm, a_mu, u_hat, k)
     # recompute Eq. 5 and the probabilities from the saved log-sum-exp
     wide = ws[-1]
-    _haversine_pairs(ws, a, sinh_a, uq_t, b, sinh_b, uk_t, wide)
-    chord, sinh_x, _, c, tmp, asinh_s, slope, probs, work = ws[:9]
-    t, q = ws[1], ws[2]
-    q.add_(1.0).mul_(t).mul_(0.5)  # sinh|a_i - b_j| = t (1 + e^{-|x|}) / 2
-    sinh_x = q.copysign_(torch.sub(a.unsqueeze(-1), b.unsqueeze(-2), out=tmp))
-    _asinh_pairs(asinh_s, slope, tmp, probs, c)  # slope holds sqrt(1 + s^2) for now
-    # dD^2/dc = 2 asinh(s) / (s sqrt(1 + s^2)), with the series 1 - s^2/6 + 3 s^4/40 of asinh(s)/s below c = 1e-4
-    torch.mul(c, 0.5, out=tmp)
-    torch.div(asinh_s, torch.sqrt(tmp, out=work), out=t)
-    if torch.compiler.is_compiling() or bool(c.min() < _SERIES_C):  # eager: only when some pair needs it
-        series = torch.mul(tmp, 0.075, out=probs).sub_(1.0 / 6.0).mul_(tmp).add_(1.0)
-        torch.where(c < _SERIES_C, series, t, out=t)
-    slope = t.div_(slope).mul_(2.0)
-    torch.mul(asinh_s, asinh_s, out=probs).mul_(scale * (-4.0 * k))
-    probs.sub_(lse.unsqueeze(-1)).exp_()
+    w, s, root, asinh_s = _attention_scores(ws, rows, wide)
+    diff, t, q, s_sq, _, _, chord, _, _, probs, work = ws[:11]
+    probs = torch.addcmul(-lse.unsqueeze(-1), w, w, value=-1.0, out=probs).exp_()
+    # sinh(a_i - b_j) = t/2 + (t/2) / (1 + t) with the sign of a_i - b_j
+    sinh_x = t.mul_(0.5).addcdiv_(t, q).copysign_(diff)
+    # asinh(s) / (s sqrt(1 + s^2)) (= 1/2 dD^2/dc), the series 1 - s^2/6 + 3 s^4/40 of asinh(s)/s below c = 1e-4
+    slope = torch.div(asinh_s, s, out=s)
+    if torch.compiler.is_compiling() or bool(s_sq.min() < 0.5 * _SERIES_C):  # eager: only when some pair needs it
+        series = torch.mul(s_sq, 0.075, out=diff).sub_(1.0 / 6.0).mul_(s_sq).add_(1.0)
+        torch.where(s_sq < 0.5 * _SERIES_C, series, slope, out=slope)
+    slope.div_(root)
     # S is stationary in u_hat only in exact arithmetic:
     # dS/du_hat = g_S (W (u_hat - v_bar) - sum_j w_ij (v_j - v_bar)), w_ij = P_ij sinh beta_j, W = sum_j w_ij,
     # measures the rounding of u_hat; carried through u_hat = V / |V|
@@ -337,35 +395,43 @@ def _attention_backward(ws, grad_r, grad_u, rq, uq, uq_t, rk, uk, uk_t, rv, uv, 
     drift = g_e.unsqueeze(-1) * (sums[..., :1] * (u_hat - v_bar) - sums[..., 1:])
     drift -= (drift * u_hat).sum(-1, keepdim=True) * u_hat
     g_v = g_v + drift / torch.where(v_norm > 0, v_norm, torch.ones_like(v_norm)).unsqueeze(-1)
-    g_te = torch.stack([g_t, g_e], -1)  # (G, N, 2)
-    # dL/dP = (g_V . v_j + g_S chord(u_i, v_j)) sinh beta_j + g_T cosh beta_j + g_E e^{-beta_j}
-    value_terms = _pair_chords(c, tmp, u_hat.transpose(-1, -2), uv_t, wide)
-    value_terms.mul_(g_e.unsqueeze(-1)).baddbmm_(g_v, uv_t)
-    g_p = torch.mul(value_terms, sinh_beta.unsqueeze(-2), out=work)
-    g_p.baddbmm_(g_te, torch.stack([cosh_beta, exp_beta], -2))
+    # dL/dP = g_T cosh beta_j + g_E e^{-beta_j} + sinh beta_j (g_V . v_j + g_S chord(u_i, v_j))
+    ops = None if wide is None else (chord_operands(u_hat), rows["v_ops"])
+    g_p = _pair_chords(work, diff, u_hat, uv, wide, ops).mul_(g_e.unsqueeze(-1))  # g_S chord(u_i, v_j)
+    chord_terms = torch.mul(g_p, probs, out=q).sum(-2)  # sum_i P_ij g_S chord
+    g_p.mul_(sinh_beta.unsqueeze(-2))
+    g_rows = torch.cat([g_t.unsqueeze(-1), g_e.unsqueeze(-1), g_v], dim=-1)  # (G, N, d+2)
+    g_p.baddbmm_(g_rows, rows["values"].transpose(-1, -2))
     # values: radius and direction (the value chord gradient centred on the mean value direction, Eq. 25)
-    pt_g = probs.transpose(-1, -2) @ g_te  # (G, M, 2)
-    g_beta = sinh_beta * pt_g[..., 0] - exp_beta * pt_g[..., 1] + cosh_beta * value_terms.mul_(probs).sum(-2)
-    g_uv = sinh_beta.unsqueeze(-1) * (probs.transpose(-1, -2) @ (g_v - g_e.unsqueeze(-1) * (u_hat - v_bar))
-                                      + (uv - v_bar) * pt_g[..., 1:])
-    # softmax, scores and the scale
-    row_dot = torch.mul(probs, g_p, out=tmp).sum(-1, keepdim=True)
+    pt_g = probs.transpose(-1, -2) @ torch.cat([g_rows, g_e.unsqueeze(-1) * (u_hat - v_bar)], dim=-1)
+    pt_gv, pt_gs = pt_g[..., 2:2 + uv.shape[-1]], pt_g[..., 2 + uv.shape[-1]:]
+    g_beta = (sinh_beta * pt_g[..., 0] - rows["exp_beta"] * pt_g[..., 1]
+              + rows["cosh_beta"] * ((uv * pt_gv).sum(-1) + chord_terms))
+    g_uv = sinh_beta.unsqueeze(-1) * (pt_gv - pt_gs + (uv - v_bar) * pt_g[..., 1:2])
+    # softmax, scores and the scale: score = -scale k D^2, D^2 = 4 asinh(s)^2
+    row_dot = torch.mul(probs, g_p, out=q).sum(-1, keepdim=True)
     g_score = g_p.sub_(row_dot).mul_(probs)
-    g_scale = torch.mul(g_score, asinh_s, out=tmp).mul_(asinh_s).sum(dim=(1, 2)) * (-4.0 * k)
-    g_c = g_score.mul_(slope).mul_(scale * -k)
+    g_scale = torch.mul(g_score, asinh_s, out=q).mul_(asinh_s).sum(dim=(1, 2)) * (-4.0 * k)
+    g_c = g_score.mul_(slope)  # dL/d(c) / (-2 scale k)
     # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
-    g_c_sinh_x = torch.mul(g_c, sinh_x, out=tmp)
+    g_c_sinh_x = torch.mul(g_c, sinh_x, out=q)
     g_a = g_c_sinh_x.sum(-1)
     g_b = -g_c_sinh_x.sum(-2)
-    chord_g = chord.mul_(g_c)
-    g_a += cosh_a * (chord_g @ sinh_b.unsqueeze(-1)).squeeze(-1)
-    g_b += cosh_b * (chord_g.transpose(-1, -2) @ sinh_a.unsqueeze(-1)).squeeze(-1)
+    chord_g = chord.mul_(g_c)  # sums weighted by sinh b_j / sinh a_i (elementwise: matrix-vector bmm is slow)
+    g_a += rows["cosh_a"] * torch.mul(chord_g, sinh_b.unsqueeze(-2), out=q).sum(-1)
+    g_b += rows["cosh_b"] * torch.mul(chord_g, sinh_a.unsqueeze(-1), out=q).sum(-2)
     k_bar = _centre(uk)
     p_q, q_k = uq - k_bar, uk - k_bar
-    g_chord = g_c.mul_(sinh_b.unsqueeze(-2)).mul_(sinh_a.unsqueeze(-1))  # (G, N, M)
-    g_uq = p_q * g_chord.sum(-1, keepdim=True) - g_chord @ q_k
-    g_uk = q_k * g_chord.sum(-2).unsqueeze(-1) - g_chord.transpose(-1, -2) @ p_q
-    return g_a / sk, g_uq, g_b / sk, g_uk, g_beta / sk, g_uv, g_scale
+    # g_chord_ij = g_c_ij sinh a_i sinh b_j, never formed: its sums over j and i as products
+    by_key = g_c @ torch.cat([sinh_b.unsqueeze(-1), sinh_b.unsqueeze(-1) * q_k], dim=-1)  # (G, N, 1+d)
+    by_query = g_c.transpose(-1, -2) @ torch.cat([sinh_a.unsqueeze(-1), sinh_a.unsqueeze(-1) * p_q], dim=-1)
+    g_uq = sinh_a.unsqueeze(-1) * (p_q * by_key[..., :1] - by_key[..., 1:])
+    g_uk = sinh_b.unsqueeze(-1) * (q_k * by_query[..., :1] - by_query[..., 1:])
+    c_coef = rows["scale"].view(-1, 1) * (-2.0 * k)  # dL/dc = -2 scale k g_c
+    for name, value in (("rq", g_a * (c_coef / sk)), ("uq", g_uq * c_coef.unsqueeze(-1)),
+                        ("rk", g_b * (c_coef / sk)), ("uk", g_uk * c_coef.unsqueeze(-1)), ("rv", g_beta / sk),
+                        ("uv", g_uv), ("scale", g_scale)):
+        grads[name].copy_(value)
 
 
 class FusedPolarAttention(torch.autograd.Function):
@@ -388,27 +454,30 @@ class FusedPolarAttention(torch.autograd.Function):
     (``S`` is stationary in ``u_i``, so ``u_i`` is held fixed in it), ``dD^2/dc`` from
     :func:`distance_slope`, ``dc/da_i = sinh(a_i - b_j) + cosh a_i sinh b_j chord`` and the centred
     chord gradient of Eq. 25.  The softmax row constant is summed from the very values the gradient
-    uses, so it cancels exactly where the score gradient vanishes (identical keys).  The
-    ``(batch, head)`` slices are processed in groups whose ``N x M`` temporaries stay cache-sized.
+    uses, so it cancels exactly where the score gradient vanishes (identical keys).  Quantities of one
+    row (radii, their hyperbolic functions, operands) are computed once for all slices
+    (:class:`_AttentionRows`); the ``(batch, head)`` slices are processed in groups whose ``N x M``
+    temporaries stay cache-sized.
     """
 
     @staticmethod
     def forward(ctx, rq, uq, rk, uk, rv, uv, scale, k):  # noqa: D102
-        batch, heads, n_q, _ = uq.shape
-        n_k = uk.shape[2]
-        flat = _flatten_attention_inputs(rq, uq, rk, uk, rv, uv)
-        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1).reshape(-1, 1, 1)
-        groups = _slice_groups(batch * heads, n_q, n_k)
-        ws = _workspace(5, groups, batch * heads, n_q, n_k, uq)
-        outputs = [rq.new_empty(batch * heads, n_q), uq.new_empty(batch * heads, n_q, uq.shape[-1])]
-        outputs += [rq.new_empty(batch * heads, n_q) for _ in range(5)]
+        batch, heads, n_q, dim = uq.shape
+        n_k, slices = uk.shape[2], batch * heads
+        groups = _slice_groups(slices, n_q, n_k)
+        ws = _workspace(9, groups, n_q, n_k, uq)
+        rows = _AttentionRows(rq, uq, rk, uk, rv, uv, scale, k, ws[-1] is not None)
+        outputs = {"lse": rq.new_empty(slices, n_q), "sums": uq.new_empty(slices, n_q, dim + 2),
+                   "v_norm": rq.new_empty(slices, n_q), "u_hat": uq.new_empty(slices, n_q, dim),
+                   "big_s": rq.new_empty(slices, n_q)}
         for group in groups:
-            size = len(range(*group.indices(batch * heads)))
-            values = _attention_forward(_trim(ws, size), *(t[group] for t in flat[:7]), scale_g[group], k)
-            for out, value in zip(outputs, values):
-                out[group] = value
-        a_mu, u_hat, *stats = outputs
-        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, a_mu, u_hat, *stats)
+            _attention_forward(_trim(ws, group.stop - group.start), rows[group],
+                               {name: out[group] for name, out in outputs.items()})
+        big_t, big_e = outputs["sums"][..., 0], outputs["sums"][..., 1]
+        v_norm, u_hat = outputs["v_norm"], outputs["u_hat"]
+        a_mu = centroid_radius(big_t, big_e, outputs["big_s"], v_norm, v_norm <= 0)
+        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, a_mu, u_hat, outputs["lse"], big_t, big_e,
+                              outputs["big_s"], v_norm)
         ctx.k = k
         return (math.sqrt(k) * a_mu).view_as(rq), u_hat.view_as(uq)
 
@@ -416,33 +485,23 @@ class FusedPolarAttention(torch.autograd.Function):
     def backward(ctx, grad_r, grad_u):  # noqa: D102
         rq, uq, rk, uk, rv, uv, scale, a_mu, u_hat, lse, big_t, big_e, big_s, v_norm = ctx.saved_tensors
         batch, heads, n_q, _ = uq.shape
-        n_k = uk.shape[2]
-        f_rq, f_uq_t, f_rk, f_uk_t, f_rv, f_uv, f_uv_t = _flatten_attention_inputs(rq, uq, rk, uk, rv, uv)
-        f_uq, f_uk = uq.flatten(0, 1), uk.flatten(0, 1)
-        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1).reshape(-1, 1, 1)
-        groups = _slice_groups(batch * heads, n_q, n_k)
-        ws = _workspace(9, groups, batch * heads, n_q, n_k, uq)
-        grads = [torch.empty_like(t) for t in (f_rq, f_uq, f_rk, f_uk, f_rv, f_uv)] + [rq.new_empty(batch * heads)]
-        row = (grad_r.flatten(0, 1), grad_u.flatten(0, 1))
-        saved = (lse, big_t, big_e, big_s, v_norm, a_mu, u_hat)
+        n_k, slices = uk.shape[2], batch * heads
+        groups = _slice_groups(slices, n_q, n_k)
+        ws = _workspace(11, groups, n_q, n_k, uq)
+        rows = _AttentionRows(rq, uq, rk, uk, rv, uv, scale, ctx.k, ws[-1] is not None)
+        grads = {"rq": torch.empty_like(rows.a), "uq": torch.empty_like(rows.uq), "rk": torch.empty_like(rows.b),
+                 "uk": torch.empty_like(rows.uk), "rv": torch.empty_like(rows.beta), "uv": torch.empty_like(rows.uv),
+                 "scale": rq.new_empty(slices)}
+        saved = {"lse": lse, "big_t": big_t, "big_e": big_e, "big_s": big_s, "v_norm": v_norm, "a_mu": a_mu,
+                 "u_hat": u_hat}
+        row_grads = grad_r.flatten(0, 1), grad_u.flatten(0, 1)
         for group in groups:
-            size = len(range(*group.indices(batch * heads)))
-            values = _attention_backward(
-                _trim(ws, size), *(t[group] for t in row), f_rq[group], f_uq[group], f_uq_t[group],
-                f_rk[group], f_uk[group], f_uk_t[group], f_rv[group], f_uv[group], f_uv_t[group], scale_g[group],
-                ctx.k, *(t[group] for t in saved))
-            for out, value in zip(grads, values):
-                out[group] = value
-        *grads, g_scale = grads
-        shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
-        return (*shaped, g_scale.view(batch, heads).sum(0), None)
-
-
-def _flatten_attention_inputs(rq, uq, rk, uk, rv, uv) -> list[Tensor]:
-    """``(G, N)`` radii, directions of queries and keys coordinates-first ``(G, d, N)``, values both ways."""
-    flat = lambda t: t.flatten(0, 1)  # noqa: E731
-    coords_first = lambda t: t.flatten(0, 1).transpose(-1, -2).contiguous()  # noqa: E731
-    return [flat(rq), coords_first(uq), flat(rk), coords_first(uk), flat(rv), flat(uv), coords_first(uv)]
+            _attention_backward(_trim(ws, group.stop - group.start), rows[group], *(g[group] for g in row_grads),
+                                {name: value[group] for name, value in saved.items()},
+                                {name: value[group] for name, value in grads.items()}, ctx.k)
+        shaped = [grads[name].view_as(t) for name, t in zip(("rq", "uq", "rk", "uk", "rv", "uv"),
+                                                             (rq, uq, rk, uk, rv, uv))]
+        return (*shaped, grads["scale"].view(batch, heads).sum(0), None)
 
 
 def fused_polar_attention(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor,
@@ -627,36 +686,64 @@ def _gyroadd_z(a: Tensor, u1: Tensor, b: Tensor, v: Tensor) -> tuple[Tensor, tup
 
     ``d = v - s u1`` (``s = sign(u1 . v)``), ``h = 1/2 ||d||^2``, ``v_perp = d + s h u1``;
     ``z_par = sinh a cosh b + cosh a sinh b (1 - h)`` (``s > 0``) or ``sinh(a - b) + cosh a sinh b h``;
-    ``z = z_par u1 + sinh b v_perp``.  Returns ``z`` and what the backward pass needs.
+    ``z = z_par u1 + sinh b v_perp``.  Returns ``z`` and what the backward pass needs
+    (:func:`_gyroadd_vectors` rebuilds its vectors ``d``, ``v_perp`` from its scalars).
     """
     sinh_a, cosh_a = sinh_cosh(a)
     sinh_b, cosh_b = sinh_cosh(b)
-    sign = torch.where((u1 * v).sum(-1) >= 0, 1.0, -1.0).to(v.dtype)
-    d = v - sign.unsqueeze(-1) * u1
+    sign = torch.where(_dot_tokens(v, u1) >= 0, 1.0, -1.0).to(v.dtype)
+    d = torch.addcmul(v, sign.unsqueeze(-1), u1, value=-1.0)
     h = 0.5 * d.square().sum(-1)
-    v_perp = torch.addcmul(d, (sign * h).unsqueeze(-1), u1)
     sinh_ab, cosh_ab = sinh_cosh(a - b)
     aligned = sign > 0
     z_par = torch.where(aligned, sinh_a * cosh_b + cosh_a * sinh_b * (1.0 - h), sinh_ab + cosh_a * sinh_b * h)
-    z = torch.addcmul(z_par.unsqueeze(-1) * u1, sinh_b.unsqueeze(-1), v_perp)
-    return z, (sinh_a, cosh_a, sinh_b, cosh_b, cosh_ab, sign, d, h, v_perp, z_par, aligned)
+    saved = (sinh_a, cosh_a, sinh_b, cosh_b, cosh_ab, sign, d, h, None, z_par, aligned)
+    d, v_perp, z = _gyroadd_vectors(u1, v, saved)
+    return z, saved[:6] + (d, h, v_perp) + saved[9:]
+
+
+def _gyroadd_vectors(u1: Tensor, v: Tensor, saved: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    """``(d, v_perp, z)`` of :func:`_gyroadd_z` from its per-token scalars (``d`` taken from ``saved``
+    where present): ``d = v - s u1``, ``v_perp = d + s h u1``, ``z = z_par u1 + sinh b v_perp``."""
+    sinh_b, sign, d, h, z_par = saved[2], saved[5], saved[6], saved[7], saved[9]
+    d = torch.addcmul(v, sign.unsqueeze(-1), u1, value=-1.0) if d is None else d
+    v_perp = torch.addcmul(d, (sign * h).unsqueeze(-1), u1)
+    return d, v_perp, torch.addcmul(z_par.unsqueeze(-1) * u1, sinh_b.unsqueeze(-1), v_perp)
+
+
+def _dot_tokens(x: Tensor, c: Tensor) -> Tensor:
+    """``x . c`` per token for ``x (..., N, n)`` and a direction shared by the tokens, ``c (n,)`` or
+    ``(..., 1, n)``: one matrix product."""
+    return x @ c if c.dim() == 1 else (x @ c.transpose(-1, -2)).squeeze(-1)
+
+
+def _sum_tokens(w: Tensor, x: Tensor, like: Tensor) -> Tensor:
+    """``sum_tokens w x`` for ``w (..., N)``, ``x (..., N, n)``, summed to the shape of a shared direction
+    ``like`` (``(n,)``: over every token; ``(..., 1, n)``: over each sample's)."""
+    if like.dim() == 1:
+        return w.reshape(-1) @ x.reshape(-1, x.shape[-1])
+    return w.unsqueeze(-2) @ x
 
 
 def _gyroadd_backward(g_z: Tensor, u1: Tensor, saved: tuple) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dL/da, dL/du1, dL/db, dL/dv)`` of :func:`_gyroadd_z` (unreduced, broadcast shapes)."""
-    sinh_a, cosh_a, sinh_b, cosh_b, cosh_ab, sign, d, h, v_perp, z_par, aligned = saved
-    g_zpar = (g_z * u1).sum(-1)
-    g_sinh_b = (g_z * v_perp).sum(-1)
-    g_vperp = g_z * sinh_b.unsqueeze(-1)
+    """``(dL/da, dL/du1, dL/db, dL/dv)`` of :func:`_gyroadd_z` for a direction ``u1`` shared by the tokens:
+    ``dL/du1`` summed over them (the shape of ``u1``), the others per token.
+
+    With ``g_vperp = sinh b g_z``: ``g_z . v_perp = g_z . d + s h (g_z . u1)``,
+    ``g_d = g_vperp + g_h d`` and ``g_u1 = g_z z_par + s h g_vperp - s g_d``, summed as products.
+    """
+    sinh_a, cosh_a, sinh_b, cosh_b, cosh_ab, sign, d, h, _, z_par, aligned = saved
+    g_zpar = _dot_tokens(g_z, u1)
+    g_sinh_b = (g_z * d).sum(-1) + sign * h * g_zpar
     # z_par: the two branches of Eq. 20 / 21
     g_a = g_zpar * torch.where(aligned, cosh_a * cosh_b + sinh_a * sinh_b * (1.0 - h), cosh_ab + sinh_a * sinh_b * h)
     g_b = g_zpar * torch.where(aligned, sinh_a * sinh_b + cosh_a * cosh_b * (1.0 - h), cosh_a * cosh_b * h - cosh_ab)
     g_h = g_zpar * torch.where(aligned, -cosh_a * sinh_b, cosh_a * sinh_b)
     g_b = g_b + g_sinh_b * cosh_b
     # v_perp = d + s h u1, h = 1/2 |d|^2, d = v - s u1
-    g_h = g_h + sign * (g_vperp * u1).sum(-1)
-    g_d = torch.addcmul(g_vperp, g_h.unsqueeze(-1), d)
-    g_u1 = g_z * z_par.unsqueeze(-1) + (sign * h).unsqueeze(-1) * g_vperp - sign.unsqueeze(-1) * g_d
+    g_h = g_h + sign * sinh_b * g_zpar
+    g_d = torch.addcmul(g_z * sinh_b.unsqueeze(-1), g_h.unsqueeze(-1), d)
+    g_u1 = _sum_tokens(z_par + sign * sinh_b * (h - 1.0), g_z, u1) - _sum_tokens(sign * g_h, d, u1)
     return g_a, g_u1, g_b, g_d
 
 
@@ -747,7 +834,7 @@ def _gyro_norm_backward(grad: Tensor, log_gain: Tensor, bias: Tensor, k: float, 
         u_bias = far_x / far_norm
         g_z = torch.where(near, 0.0, g_z2) if both else g_z2
         g_a_bias, g_u_bias, g_b_far, g_u_far = _gyroadd_backward(g_z, u_bias, saved2["far"])
-        g_a_bias, g_u_bias = g_a_bias.sum(), g_u_bias.flatten(0, -2).sum(0)
+        g_a_bias = g_a_bias.sum()
         g_far_x = (g_a_bias / torch.sqrt(1.0 + far_norm**2)) * u_bias + (
             g_u_bias - (g_u_bias @ u_bias) * u_bias) / far_norm
         g_b, g_u_y = g_b + g_b_far, g_u_y + g_u_far
@@ -763,7 +850,7 @@ def _gyro_norm_backward(grad: Tensor, log_gain: Tensor, bias: Tensor, k: float, 
     u_hat = st["u_hat"]
     g_a_m, g_u1, g_a, g_u = _gyroadd_backward(g_z1, -u_hat.unsqueeze(-2), st["saved1"])
     g_a_m = g_a_m.sum(-1)
-    g_u_hat = -g_u1.sum(-2)
+    g_u_hat = -g_u1.squeeze(-2)
     # dispersion
     g_c = (g_variance * (k / tokens)).unsqueeze(-1) * distance_slope(st["c"], st["asinh_s"], st["root"])
     sinh_a, cosh_a, chord = st["sinh_a"], st["cosh_a"], st["chord"]
@@ -782,27 +869,69 @@ def _gyro_norm_backward(grad: Tensor, log_gain: Tensor, bias: Tensor, k: float, 
     return torch.cat([(g_a / sk).unsqueeze(-1), g_u], dim=-1), g_log_gain, g_bias
 
 
+_GYRO_NORM_WIDE = ("u", "diff", "u_y", "u_out", "saved1", "saved2")  # rebuilt by _gyro_norm_rebuild
+
+
+def _gyro_norm_rebuild(p: Tensor, out: Tensor, small: dict, k: float) -> dict:
+    """The intermediates of :func:`_gyro_norm_forward` from its input, output and per-token / per-sample
+    scalars: the token-by-coordinate tensors are recomputed with the same operations (a few passes)
+    instead of saved or recomputed with the whole forward."""
+    st = dict(small, u=p[..., 1:], u_out=out[..., 1:])
+    u_hat = st["u_hat"]
+    st["diff"] = p[..., 1:] - u_hat.unsqueeze(-2)
+    saved1 = tuple(small[f"saved1_{i}"] for i in range(11))
+    d, v_perp, z1 = _gyroadd_vectors(-u_hat.unsqueeze(-2), st["u"], saved1)
+    st["saved1"] = saved1[:6] + (d, saved1[7], v_perp) + saved1[9:]
+    st["u_y"] = _polar_from_z(z1, math.sqrt(k))[1]
+    saved2 = {}
+    if "near_0" in small:
+        saved2["near"] = tuple(small[f"near_{i}"] for i in range(5))
+    if "far_x" in small:
+        far_x, far_norm = small["far_x"], small["far_norm"]
+        saved2["far_x"] = (far_x, far_norm)
+        saved2["far"] = _gyroadd_z(torch.asinh(far_norm), far_x / far_norm, st["b"], st["u_y"])[1]
+    st["saved2"] = saved2
+    return st
+
+
+def _gyro_norm_small(st: dict) -> dict:
+    """The per-token and per-sample scalars of the intermediates of :func:`_gyro_norm_forward` (what
+    :func:`_gyro_norm_rebuild` needs besides the input and the output)."""
+    small = {name: value for name, value in st.items() if name not in _GYRO_NORM_WIDE}
+    small.update({f"saved1_{i}": value for i, value in enumerate(st["saved1"]) if i not in (6, 8)})
+    small["saved1_6"] = small["saved1_8"] = None  # d, v_perp: rebuilt
+    if "near" in st["saved2"]:
+        small.update({f"near_{i}": value for i, value in enumerate(st["saved2"]["near"])})
+    if "far" in st["saved2"]:
+        small["far_x"], small["far_norm"] = st["saved2"]["far_x"]
+    return small
+
+
 class FusedGyroLayerNorm(torch.autograd.Function):
     r"""Gyro layer normalisation (Sec. 4.4) as one function: ``b (+) (gamma / sqrt(sigma^2 + eps) (x) ((-)m (+) x))``.
 
     ``m`` is the polar centroid of the sample's tokens (Eq. 22), ``sigma^2`` their mean squared
     distance to it (Eq. 5, the chords shared with the centroid's ``S``), the centring uses Eq. 21
-    and the bias point Eq. 20 (``geometry.gyroadd_space``).  Saved: the input, ``log_gain`` and the
-    bias point; the backward pass recomputes the forward and differentiates it by hand
-    (:func:`_gyroadd_backward`, :func:`centroid_row_gradients`, :func:`distance_slope`).
+    and the bias point Eq. 20 (``geometry.gyroadd_space``).  Saved: the input, the output,
+    ``log_gain``, the bias point and the per-token / per-sample scalars of the forward pass; the
+    backward pass rebuilds the token-by-coordinate intermediates from them (:func:`_gyro_norm_rebuild`)
+    and differentiates by hand (:func:`_gyroadd_backward`, :func:`centroid_row_gradients`,
+    :func:`distance_slope`).
     """
 
     @staticmethod
     def forward(ctx, p, log_gain, bias, k, eps):  # noqa: D102
-        out, _ = _gyro_norm_forward(p, log_gain, bias, k, eps)
-        ctx.save_for_backward(p, log_gain, bias)
+        out, state = _gyro_norm_forward(p, log_gain, bias, k, eps)
+        small = _gyro_norm_small(state)
+        ctx.names = list(small)
+        ctx.save_for_backward(p, log_gain, bias, out, *small.values())
         ctx.k, ctx.eps = k, eps
         return out
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
-        p, log_gain, bias = ctx.saved_tensors
-        _, state = _gyro_norm_forward(p, log_gain, bias, ctx.k, ctx.eps)
+        p, log_gain, bias, out, *small = ctx.saved_tensors
+        state = _gyro_norm_rebuild(p, out, dict(zip(ctx.names, small)), ctx.k)
         g_p, g_log_gain, g_bias = _gyro_norm_backward(grad, log_gain, bias, ctx.k, ctx.eps, state)
         return g_p, g_log_gain, g_bias, None, None
 

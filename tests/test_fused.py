@@ -385,15 +385,15 @@ def test_unnormalised_pixels_fail_at_the_entry_with_the_fix(scale):
 def test_pair_chords_from_the_float64_product_round_to_the_exact_float32_chord(spread):
     """The float64 inner-product chords (float32 inputs) against the exact chord of the stored inputs,
     down to nearly equal (recomputed from differences) and equal directions."""
-    from polar_vit_hf.modeling.fused import CHORD_PRODUCT_ABOVE, _pair_chords
+    from polar_vit_hf.modeling.fused import CHORD_PRODUCT_ABOVE, _pair_chords, chord_operands
 
     torch.manual_seed(1)
     base = directions(1, 16).float()
     u = torch.nn.functional.normalize(base + spread * torch.randn(3, 20, 16), dim=-1)
     v = torch.nn.functional.normalize(base + spread * torch.randn(3, 24, 16), dim=-1)
-    u_t, v_t = u.transpose(-1, -2).contiguous(), v.transpose(-1, -2).contiguous()
     buffers = [torch.empty(3, 20, 24) for _ in range(2)]
-    got = _pair_chords(*buffers, u_t, v_t, torch.empty(3, 20, 24, dtype=F64))
+    ops = chord_operands(u), chord_operands(v, right=True)
+    got = _pair_chords(*buffers, u, v, torch.empty(3, 20, 24, dtype=F64), ops)
     exact = 0.5 * (u.double().unsqueeze(-2) - v.double().unsqueeze(-3)).square().sum(-1)
     product = exact >= CHORD_PRODUCT_ABOVE
     # correctly rounded where the product is used; a few ulp where the differences are summed in float32
