@@ -682,7 +682,8 @@ def _polar_from_z_backward(g_r: Tensor, g_u: Tensor, u: Tensor, norm: Tensor, sq
 
 def _gyroadd_z(a: Tensor, u1: Tensor, b: Tensor, v: Tensor) -> tuple[Tensor, tuple]:
     """``z`` of ``x (+) y`` (Eq. 20, 21; :func:`geometry.gyroadd`), ``x = (a, u1)``, ``y = (b, v)``,
-    radii / ``sqrt(k)``.
+    radii / ``sqrt(k)``, with the direction ``u1`` shared by the tokens of ``v (..., N, n)``: ``(n,)`` or
+    ``(..., 1, n)``.
 
     ``d = v - s u1`` (``s = sign(u1 . v)``), ``h = 1/2 ||d||^2``, ``v_perp = d + s h u1``;
     ``z_par = sinh a cosh b + cosh a sinh b (1 - h)`` (``s > 0``) or ``sinh(a - b) + cosh a sinh b h``;
