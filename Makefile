@@ -1,6 +1,6 @@
 # polar-vit-hf: the two commands of the README quickstart.
 #   make demo   - the project's main job: the digits training demo, then the precision table
-#   make test   - ruff (line length 119) and the whole test suite (installs what it needs first)
+#   make test   - ruff (line length 119) and the whole test suite on two pytest-xdist workers (installs what it needs first)
 # Both are idempotent: the virtual environment is (re)built only when setup.cfg changes.
 
 PYTHON ?= python3
@@ -24,7 +24,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n 2 --durations=15
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .hypothesis

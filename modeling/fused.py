@@ -206,7 +206,7 @@ def chord_operands(u: Tensor, right: bool = False) -> Tensor:
     coords = ops[..., :dim]
     coords.copy_(u)
     ops[..., dim + (0 if right else 1)] = 1.0
-    torch.mul(coords.square().sum(-1), 0.5, out=ops[..., dim + (1 if right else 0)])
+    ops[..., dim + (1 if right else 0)] = 0.5 * coords.square().sum(-1)
     if not right:
         return ops
     coords.neg_()
@@ -322,7 +322,7 @@ class _AttentionRows:
         uv, sinh_beta = rows["uv"], rows["sinh_beta"]
         values = uv.new_empty(*uv.shape[:-1], uv.shape[-1] + 2)
         values[..., 0], values[..., 1] = rows["cosh_beta"], rows["exp_beta"]
-        torch.mul(uv, sinh_beta.unsqueeze(-1), out=values[..., 2:])
+        values[..., 2:] = uv * sinh_beta.unsqueeze(-1)  # (no out= into a strided view: torch.compile)
         rows["values"] = values
         rows["q_ops"] = chord_operands(rows["uq"]) if self.wide else None
         rows["k_ops"] = chord_operands(rows["uk"], right=True) if self.wide else None
