@@ -77,9 +77,11 @@ def worker(args: argparse.Namespace) -> None:
     saved = saved_bytes(model, lambda: step_fn(pixel_values=pixels, labels=labels).loss)
     for _ in range(args.warmup - 1):
         step()
-    if args.serve:  # interleaved: one timed step per line read from stdin, until EOF
+    if args.serve:  # interleaved: per line read from stdin, --round_warmup untimed steps and one timed, until EOF
         print(json.dumps({"ready": True}), flush=True)
         for _ in sys.stdin:
+            for _ in range(args.round_warmup):  # the process sat idle while the others stepped: caches are cold
+                step()
             start = time.perf_counter()
             step()
             print(json.dumps({"step_s": time.perf_counter() - start}), flush=True)
@@ -162,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep every model's process alive and time their steps in turns (round robin), so a "
                              "change in the machine's speed during the run hits every model alike; the ratios are "
                              "the medians of the per-round ratios (all models resident at once: mind the memory)")
+    parser.add_argument("--round_warmup", type=int, default=1,
+                        help="with --interleave: untimed steps each model takes before its timed step of a round "
+                             "(a process that sat idle while the others stepped starts with cold caches and, on "
+                             "this VM, memory the kernel reclaimed; a training loop never idles between steps)")
     parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -174,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     def command(name: str) -> list[str]:
         line = [sys.executable, __file__, "--model", name, "--preset", args.preset, "--batch", str(args.batch),
                 "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads),
-                "--device", args.device]
+                "--device", args.device, "--round_warmup", str(args.round_warmup)]
         return line + (["--compile"] if args.compile else []) + (["--serve"] if args.interleave else [])
 
     results = interleaved(args, command, tqdm) if args.interleave else {}
