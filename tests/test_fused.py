@@ -167,6 +167,27 @@ def test_fused_polar_fc_with_all_zero_weights_gives_the_origin_with_finite_gradi
     assert all(torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.parametrize("rule", [True, False])
+def test_polar_fc_gemm_padding_changes_no_value(rule, monkeypatch):
+    """The unit coordinates and the weight are zero-padded to a multiple of GEMM_ALIGN (odd widths are slow in
+    MKL): the padded and unpadded products agree in float64, forward and every gradient."""
+    from polar_vit_hf.modeling import fused
+
+    assert fused.gemm_width(193) == 200 and fused.gemm_width(192) == 192 and fused.gemm_width(385) == 392
+    torch.manual_seed(2)
+    fc = PolarFC(9, 6, 1.0, num_heads=2, radius_rule=rule).double()  # n + 1 = 10: padded to 16
+    p = PolarOps.make(radii(7, rmax=4.0), directions(7, 9)).requires_grad_(True)
+    results = []
+    for align in (8, 1):
+        monkeypatch.setattr(fused, "GEMM_ALIGN", align)
+        out = fc(p, PolarOps(1.0, fused=True))
+        results.append((out, torch.autograd.grad((out * torch.linspace(-1, 1, out.shape[-1], dtype=F64)).sum(),
+                                                 [p, *fc.parameters()])))
+    (padded, g_padded), (plain, g_plain) = results
+    assert torch.allclose(padded, plain, rtol=1e-13, atol=1e-15)
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-14) for a, b in zip(g_padded, g_plain))
+
+
 # --------------------------------------------------------------------------------------------
 # gyro layer norm
 # --------------------------------------------------------------------------------------------
@@ -208,6 +229,22 @@ def test_fused_gyro_layer_norm_matches_reference_and_gradcheck(case, rmax, bias)
     # are apart, so finite differences say nothing there; the comparison with autograd above covers it)
     if not (case == "aligned" and rmax >= 12):
         assert gradcheck(lambda p, g, b: fused_gyro_layer_norm(p, g, b, k, 1e-2), params)
+
+
+def test_fused_gyro_layer_norm_saves_no_token_wide_intermediate():
+    """Backward rebuilds the token-by-coordinate intermediates: besides the input and the output, autograd
+    keeps only per-token or per-sample scalars (and the two parameters)."""
+    torch.manual_seed(3)
+    batch, tokens, width = 3, 11, 24
+    p = PolarOps.make(radii(batch, tokens, rmax=4.0), directions(batch, tokens, width)).float().requires_grad_(True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = fused_gyro_layer_norm(p, torch.tensor(0.2, requires_grad=True), torch.zeros(width, requires_grad=True),
+                                    1.0, 1e-5)
+    wide = {t.data_ptr() for t in saved if t.numel() >= batch * tokens * width}
+    assert wide == {p.data_ptr(), out.data_ptr()}
+    # the rest: per token (B, N), per sample (B,) or (B, n) (the centroid direction), or the parameters
+    assert all(t.numel() <= max(batch * tokens, batch * width) for t in saved if t.data_ptr() not in wide)
 
 
 # --------------------------------------------------------------------------------------------
