@@ -335,9 +335,8 @@ def _attention_scores(ws: list[Tensor], rows: dict, wide: Tensor | None) -> tupl
     (the score is ``-w^2``), ``s = sqrt(c / 2)``, ``root = sqrt(1 + s^2)``; ``ws[6]`` holds the chords,
     ``ws[0]`` ``a_i - b_j``, ``ws[1]`` ``t = expm1|a_i - b_j|``, ``ws[2]`` ``1 + t`` and ``ws[3]`` ``s^2``."""
     chord = _pair_chords(ws[6], ws[4], rows["uq"], rows["uk"], wide, (rows["q_ops"], rows["k_ops"]))
-    diff, t, q, s_sq, s, root, _, asinh_s, w = ws[:9]
-    ws_s = [diff, t, q, s_sq, s]
-    s_sq, t, q = _half_sq_distance_arg(ws_s, chord, rows["a"], rows["sinh_a"], rows["b"], 0.5 * rows["sinh_b"])
+    s, root, _, asinh_s, w = ws[4:9]
+    s_sq = _half_sq_distance_arg(ws, chord, rows["a"], rows["sinh_a"], rows["b"], 0.5 * rows["sinh_b"])[0]
     _asinh_of_root(asinh_s, s, root, s_sq)
     torch.mul(asinh_s, rows["root_coef"], out=w)
     return w, s, root, asinh_s
