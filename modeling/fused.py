@@ -213,56 +213,136 @@ def chord_operands(u: Tensor, right: bool = False) -> Tensor:
     return ops.transpose(-1, -2)
 
 
-def _pair_chords(out: Tensor, tmp: Tensor, u: Tensor, v: Tensor, wide: Tensor | None = None,
-                 ops: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """``out = 1/2 ||u_i - v_j||^2`` for all pairs, never ``1 - u.v`` in the input precision (App. D.1).
+def pair_chords(u: Tensor, v_t: Tensor) -> Tensor:
+    """``1/2 ||u_i - v_j||^2`` ``(G, N, M)`` for all pairs of ``u (G, N, d)`` and ``v``, given transposed as
+    ``v_t (G, d, M)``: never ``1 - u.v`` in the input precision (App. D.1), never an ``N x M x d`` tensor.
 
-    ``u (G, N, d)``, ``v (G, M, d)``, ``out``/``tmp`` ``(G, N, M)`` buffers.  Without ``wide``: the exact
-    coordinate differences, one subtraction and one fused square-add per coordinate.  With a float64
-    buffer ``wide (G, N, M)`` (float32 / half inputs) and the :func:`chord_operands` ``ops`` of ``u`` and
-    ``v``: one float64 product, whose absolute error (``~d 2^-53``) is below ``2e-9`` of every chord
-    ``>= CHORD_PRODUCT_ABOVE``, so the rounded result is the float32 value of the exact chord; the few
-    pairs below that (nearly equal directions) are recomputed from their coordinate differences.
-    Never an ``N x M x d`` tensor.
+    Float64, and inside a compiled kernel (:func:`kernel`, ``torch.compile``): the exact coordinate
+    differences, one square-add per coordinate (a compiled kernel runs them as one loop over ``M``).
+    Float32 / half, eager: one float64 product of the :func:`chord_operands`, whose absolute error
+    (``~d 2^-53``) is below ``2e-9`` of every chord ``>= CHORD_PRODUCT_ABOVE``, so the rounded result is the
+    float32 value of the exact chord; the few pairs below that (nearly equal directions) are recomputed
+    from their coordinate differences.
     """
-    if wide is None:
-        torch.sub(u[..., 0].unsqueeze(-1), v[..., 0].unsqueeze(-2), out=out)
-        out.mul_(out)
+    if u.dtype == torch.float64 or torch.compiler.is_compiling():
+        out = (u[..., 0].unsqueeze(-1) - v_t[..., 0, :].unsqueeze(-2)).square()
         for coord in range(1, u.shape[-1]):
-            torch.sub(u[..., coord].unsqueeze(-1), v[..., coord].unsqueeze(-2), out=tmp)
-            out.addcmul_(tmp, tmp)
-        return out.mul_(0.5)
-    out.copy_(torch.bmm(*ops, out=wide))
+            diff = u[..., coord].unsqueeze(-1) - v_t[..., coord, :].unsqueeze(-2)
+            out = out.addcmul(diff, diff)
+        return 0.5 * out
+    v = v_t.transpose(-1, -2)
+    out = torch.bmm(chord_operands(u), chord_operands(v, right=True)).to(u.dtype)
     if bool(out.min() < CHORD_PRODUCT_ABOVE):  # nearly equal directions: exact differences for those pairs
         g, i, j = (out < CHORD_PRODUCT_ABOVE).nonzero(as_tuple=True)
         out[g, i, j] = 0.5 * (u[g, i] - v[g, j]).square().sum(-1)
     return out
 
 
-def _half_sq_distance_arg(ws: list[Tensor], chord: Tensor, a: Tensor, sinh_a: Tensor, b: Tensor,
-                          half_sinh_b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``s^2 = c / 2`` of Eq. 5 for all pairs of a group, from their chords, into workspace buffers.
+def scaled_distances(chord: Tensor, rows: dict) -> dict:
+    """Eq. 5 for all pairs of a group from their chords, and the scaled distances ``w`` (the score is ``-w^2``).
 
-    ``c / 2 = 1/4 t^2 / (1 + t) + 1/2 sinh a_i sinh b_j chord_ij`` with ``t = expm1(|a_i - b_j|)``
-    (:func:`cosh_minus_one`; every term non-negative).  Returns ``(s^2, t, 1 + t)``; ``ws[0]`` holds
-    ``a_i - b_j``.
+    ``c / 2 = s^2 = 1/4 t^2 / (1 + t) + 1/2 sinh a_i sinh b_j chord_ij`` with ``t = expm1(|a_i - b_j|)``
+    (:func:`cosh_minus_one`; every term non-negative), ``asinh s = log1p(s + s^2 / (1 + sqrt(1 + s^2)))``
+    (:func:`asinh_sqrt_half`) and ``w = sqrt(4 k scale) asinh s`` (``D = 2 asinh s``, Eq. 9).  Returns
+    ``w``, ``asinh_s``, ``s``, ``s_sq``, ``root = sqrt(1 + s^2)``, ``t`` and ``diff = a_i - b_j``, all ``(G, N, M)``.
     """
-    diff, t, q, s_sq = ws[:4]
-    torch.sub(a.unsqueeze(-1), b.unsqueeze(-2), out=diff)
-    torch.abs(diff, out=t).expm1_()
-    torch.add(t, 1.0, out=q)
-    torch.mul(chord, half_sinh_b.unsqueeze(-2), out=s_sq).mul_(sinh_a.unsqueeze(-1))
-    s_sq.addcdiv_(torch.mul(t, t, out=ws[4]), q, value=0.25)
-    return s_sq, t, q
+    diff = rows["a"].unsqueeze(-1) - rows["b"].unsqueeze(-2)
+    t = torch.expm1(diff.abs())
+    s_sq = torch.addcdiv(chord * (0.5 * rows["sinh_b"]).unsqueeze(-2) * rows["sinh_a"].unsqueeze(-1),
+                         t * t, 1.0 + t, value=0.25)
+    root = torch.sqrt(1.0 + s_sq)
+    s = torch.sqrt(s_sq)
+    asinh_s = torch.log1p(torch.addcdiv(s, s_sq, 1.0 + root))
+    return {"w": asinh_s * rows["root_coef"], "asinh_s": asinh_s, "s": s, "s_sq": s_sq, "root": root, "t": t,
+            "diff": diff}
 
 
-def _asinh_of_root(asinh_s: Tensor, s: Tensor, root: Tensor, s_sq: Tensor) -> None:
-    """``asinh s = log1p(s + s^2 / (1 + sqrt(1 + s^2)))`` (as :func:`asinh_sqrt_half`) into ``asinh_s``,
-    with ``s`` and ``root = sqrt(1 + s^2)`` in the given buffers."""
-    torch.add(s_sq, 1.0, out=root).sqrt_()
-    torch.sqrt(s_sq, out=s)
-    torch.add(root, 1.0, out=asinh_s)
-    torch.addcdiv(s, s_sq, asinh_s, out=asinh_s).log1p_()
+def _unit_directions(big_v: Tensor, v_norm: Tensor) -> Tensor:
+    """``V / ||V||``, and ``e_0`` where ``V = 0`` (the centroid is the origin)."""
+    nonzero = (v_norm > 0).unsqueeze(-1)
+    e_0 = (torch.arange(big_v.shape[-1], device=big_v.device) == 0).to(big_v.dtype)
+    return torch.where(nonzero, big_v / torch.where(nonzero, v_norm.unsqueeze(-1), 1.0), e_0)
+
+
+def _attention_group_forward(rows: dict) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Forward of :class:`FusedPolarAttention` on one group of slices: ``(lse, sums, ||V||, u_hat, S)`` with
+    ``sums = (T, E, V)`` ``(G, N, d+2)``; the softmax unnormalised (``exp(w_min^2 - w^2)``, sums divided
+    by the row total: one exp pass, no ``logsumexp``)."""
+    w = scaled_distances(pair_chords(rows["uq"], rows["uk_t"]), rows)["w"]
+    w_min_sq = w.amin(-1, keepdim=True).square()  # the largest score is -w_min^2
+    probs = torch.exp(w_min_sq - w.square())
+    total = probs.sum(-1, keepdim=True)
+    sums = torch.bmm(probs, rows["values"]) / total  # (G, N, d+2): T, E, V
+    v_norm = torch.linalg.vector_norm(sums[..., 2:], dim=-1)
+    u_hat = _unit_directions(sums[..., 2:], v_norm)
+    weighted = pair_chords(u_hat, rows["uv_t"]).mul_(probs).mul_(rows["sinh_beta"].unsqueeze(-2))
+    total = total.squeeze(-1)
+    return torch.log(total) - w_min_sq.squeeze(-1), sums, v_norm, u_hat, weighted.sum(-1) / total
+
+
+def _distance_slope_half(d: dict) -> Tensor:
+    """``asinh(s) / (s sqrt(1 + s^2))`` (``= 1/2 dD^2/dc``, :func:`distance_slope`), the series
+    ``1 - s^2/6 + 3 s^4/40`` of ``asinh(s)/s`` below ``c = 1e-4`` (eager: only when some pair needs it)."""
+    s_sq = d["s_sq"]
+    slope = d["asinh_s"] / d["s"]
+    if torch.compiler.is_compiling() or bool(s_sq.min() < 0.5 * _SERIES_C):
+        slope = torch.where(s_sq < 0.5 * _SERIES_C, 1.0 + s_sq * (0.075 * s_sq - 1.0 / 6.0), slope)
+    return slope / d["root"]
+
+
+def _attention_group_backward(rows: dict, saved: dict, grad_r: Tensor, grad_u: Tensor, k: float) -> tuple:
+    """Backward of :class:`FusedPolarAttention` on one group of slices (see its docstring for the formulas):
+    gradients of ``(rq, uq, rk, uk, rv, uv)`` and the per-slice scale gradient."""
+    uq, uk, uv, u_hat, v_norm = rows["uq"], rows["uk"], rows["uv"], saved["u_hat"], saved["v_norm"]
+    sinh_a, sinh_b, sinh_beta = rows["sinh_a"], rows["sinh_b"], rows["sinh_beta"].unsqueeze(-1)
+    g_t, g_e, g_v, _ = centroid_row_gradients(grad_r, grad_u, saved["big_t"], saved["big_e"], saved["big_s"],
+                                              v_norm, saved["a_mu"], u_hat, k)
+    # recompute Eq. 5 and the probabilities from the saved log-sum-exp
+    chord = pair_chords(uq, rows["uk_t"])
+    d = scaled_distances(chord, rows)
+    probs = torch.exp(-saved["lse"].unsqueeze(-1) - d["w"].square())
+    sinh_x = torch.addcdiv(0.5 * d["t"], 0.5 * d["t"], 1.0 + d["t"]).copysign_(d["diff"])  # sinh(a_i - b_j)
+    # S is stationary in u_hat only in exact arithmetic:
+    # dS/du_hat = g_S (W (u_hat - v_bar) - sum_j w_ij (v_j - v_bar)), w_ij = P_ij sinh beta_j, W = sum_j w_ij,
+    # measures the rounding of u_hat; carried through u_hat = V / |V|
+    # it cancels that rounding in dL/dv (centred differences, Eq. 25, keep it exact for clustered values)
+    v_bar = _centre(uv)
+    centred_v = uv - v_bar
+    sums = probs @ torch.cat([sinh_beta, sinh_beta * centred_v], dim=-1)
+    drift = g_e.unsqueeze(-1) * (sums[..., :1] * (u_hat - v_bar) - sums[..., 1:])
+    drift = drift - (drift * u_hat).sum(-1, keepdim=True) * u_hat
+    g_v = g_v + drift / torch.where(v_norm > 0, v_norm, 1.0).unsqueeze(-1)
+    # dL/dP = g_T cosh beta_j + g_E e^{-beta_j} + sinh beta_j (g_V . v_j + g_S chord(u_i, v_j))
+    chord_e = pair_chords(u_hat, rows["uv_t"]).mul_(g_e.unsqueeze(-1))  # g_S chord(u_i, v_j)
+    chord_terms = (chord_e * probs).sum(-2)  # sum_i P_ij g_S chord
+    g_rows = torch.cat([g_t.unsqueeze(-1), g_e.unsqueeze(-1), g_v], dim=-1)  # (G, N, d+2)
+    g_p = torch.baddbmm(chord_e.mul_(sinh_beta.transpose(-1, -2)), g_rows, rows["values"].transpose(-1, -2))
+    # values: radius and direction (the value chord gradient centred on the mean value direction, Eq. 25)
+    pt_g = probs.transpose(-1, -2) @ torch.cat([g_rows, g_e.unsqueeze(-1) * (u_hat - v_bar)], dim=-1)
+    pt_gv, pt_gs = pt_g[..., 2:2 + uv.shape[-1]], pt_g[..., 2 + uv.shape[-1]:]
+    g_beta = (sinh_beta.squeeze(-1) * pt_g[..., 0] - rows["exp_beta"] * pt_g[..., 1]
+              + rows["cosh_beta"] * ((uv * pt_gv).sum(-1) + chord_terms))
+    g_uv = sinh_beta * (pt_gv - pt_gs + centred_v * pt_g[..., 1:2])
+    # softmax, scores and the scale: score = -scale k D^2, D^2 = 4 asinh(s)^2
+    g_score = (g_p - (probs * g_p).sum(-1, keepdim=True)).mul_(probs)
+    g_scale = (g_score * d["asinh_s"].square()).sum(dim=(1, 2)) * (-4.0 * k)
+    g_c = g_score.mul_(_distance_slope_half(d))  # dL/d(c) / (-2 scale k)
+    # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
+    g_c_sinh_x = g_c * sinh_x
+    chord_g = chord.mul_(g_c)  # sums weighted by sinh b_j / sinh a_i (elementwise: matrix-vector bmm is slow)
+    g_a = g_c_sinh_x.sum(-1) + rows["cosh_a"] * (chord_g * sinh_b.unsqueeze(-2)).sum(-1)
+    g_b = rows["cosh_b"] * (chord_g * sinh_a.unsqueeze(-1)).sum(-2) - g_c_sinh_x.sum(-2)
+    k_bar = _centre(uk)
+    p_q, q_k = uq - k_bar, uk - k_bar
+    # g_chord_ij = g_c_ij sinh a_i sinh b_j, never formed: its sums over j and i as products
+    by_key = g_c @ torch.cat([sinh_b.unsqueeze(-1), sinh_b.unsqueeze(-1) * q_k], dim=-1)  # (G, N, 1+d)
+    by_query = g_c.transpose(-1, -2) @ torch.cat([sinh_a.unsqueeze(-1), sinh_a.unsqueeze(-1) * p_q], dim=-1)
+    g_uq = sinh_a.unsqueeze(-1) * (p_q * by_key[..., :1] - by_key[..., 1:])
+    g_uk = sinh_b.unsqueeze(-1) * (q_k * by_query[..., :1] - by_query[..., 1:])
+    c_coef = rows["scale"].view(-1, 1) * (-2.0 * k)  # dL/dc = -2 scale k g_c
+    sk = math.sqrt(k)
+    return (g_a * (c_coef / sk), g_uq * c_coef.unsqueeze(-1), g_b * (c_coef / sk), g_uk * c_coef.unsqueeze(-1),
+            g_beta / sk, g_uv, g_scale)
 
 
 def _centre(u: Tensor) -> Tensor:
@@ -279,32 +359,16 @@ def _slice_groups(num_slices: int, n_q: int, n_k: int) -> list[slice]:
     return [slice(start, min(start + size, num_slices)) for start in range(0, num_slices, size)]
 
 
-def _workspace(count: int, groups: list[slice], n_q: int, n_k: int, like: Tensor) -> list:
-    """``count`` reusable ``(G, N, M)`` buffers for the largest group (fresh large tensors cost page faults),
-    then the float64 buffer of :func:`_pair_chords` (``None`` for float64 inputs and under ``torch.compile``,
-    which take the coordinate differences)."""
-    size = groups[0].stop - groups[0].start
-    wide = like.dtype != torch.float64 and not torch.compiler.is_compiling()
-    return [like.new_empty(size, n_q, n_k) for _ in range(count)] + [
-        like.new_empty(size, n_q, n_k, dtype=torch.float64) if wide else None]
-
-
-def _trim(ws: list, size: int) -> list:
-    """The first ``size`` slices of every workspace buffer (a group smaller than the largest)."""
-    return [w if w is None else w[:size] for w in ws]
-
-
 class _AttentionRows:
     """Per-slice quantities of :class:`FusedPolarAttention`, computed once for all ``(batch, head)`` slices.
 
     Radii divided by ``sqrt(k)`` (``a`` queries, ``b`` keys, ``beta`` values), their ``sinh``/``cosh`` and
     ``sqrt(4 k scale)`` per slice (``score = -(sqrt(4 k scale) asinh s)^2``, Eq. 9).  A group's rows
     (``rows[group]``) add its value operand ``[cosh beta, e^{-beta}, sinh beta v]`` ``(G, M, d+2)`` of
-    the centroid sums (Eq. 22) and, for float32 inputs, the float64 chord operands of its queries,
-    keys and values (:func:`chord_operands`): built per group, where they stay in cache.
+    the centroid sums (Eq. 22), built per group, where it stays in cache.
     """
 
-    def __init__(self, rq, uq, rk, uk, rv, uv, scale, k: float, wide: bool):
+    def __init__(self, rq, uq, rk, uk, rv, uv, scale, k: float):
         batch, heads = uq.shape[:2]
         sk = math.sqrt(k)
         self.uq, self.uk, self.uv = uq.flatten(0, 1), uk.flatten(0, 1), uv.flatten(0, 1)
@@ -315,122 +379,13 @@ class _AttentionRows:
         self.exp_beta = torch.exp(-self.beta)
         scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1).reshape(-1, 1, 1)
         self.scale, self.root_coef = scale_g, torch.sqrt(scale_g * (4.0 * k))
-        self.wide = wide
 
     def __getitem__(self, group: slice) -> dict:
-        rows = {name: value[group] for name, value in vars(self).items() if name != "wide"}
-        uv, sinh_beta = rows["uv"], rows["sinh_beta"]
-        values = uv.new_empty(*uv.shape[:-1], uv.shape[-1] + 2)
-        values[..., 0], values[..., 1] = rows["cosh_beta"], rows["exp_beta"]
-        values[..., 2:] = uv * sinh_beta.unsqueeze(-1)  # (no out= into a strided view: torch.compile)
-        rows["values"] = values
-        rows["q_ops"] = chord_operands(rows["uq"]) if self.wide else None
-        rows["k_ops"] = chord_operands(rows["uk"], right=True) if self.wide else None
-        rows["v_ops"] = chord_operands(uv, right=True) if self.wide else None
+        rows = {name: value[group] for name, value in vars(self).items()}
+        rows["uk_t"], rows["uv_t"] = (rows[name].transpose(-1, -2).contiguous() for name in ("uk", "uv"))
+        rows["values"] = torch.cat([rows["cosh_beta"].unsqueeze(-1), rows["exp_beta"].unsqueeze(-1),
+                                    rows["uv"] * rows["sinh_beta"].unsqueeze(-1)], dim=-1)
         return rows
-
-
-def _attention_scores(ws: list[Tensor], rows: dict, wide: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Eq. 5 and the scaled distances of one group: ``(w, s, root, asinh s)`` with ``w = sqrt(4 k scale) asinh s``
-    (the score is ``-w^2``), ``s = sqrt(c / 2)``, ``root = sqrt(1 + s^2)``; ``ws[6]`` holds the chords,
-    ``ws[0]`` ``a_i - b_j``, ``ws[1]`` ``t = expm1|a_i - b_j|``, ``ws[2]`` ``1 + t`` and ``ws[3]`` ``s^2``."""
-    chord = _pair_chords(ws[6], ws[4], rows["uq"], rows["uk"], wide, (rows["q_ops"], rows["k_ops"]))
-    s, root, _, asinh_s, w = ws[4:9]
-    s_sq = _half_sq_distance_arg(ws, chord, rows["a"], rows["sinh_a"], rows["b"], 0.5 * rows["sinh_b"])[0]
-    _asinh_of_root(asinh_s, s, root, s_sq)
-    torch.mul(asinh_s, rows["root_coef"], out=w)
-    return w, s, root, asinh_s
-
-
-def _attention_forward(ws, rows: dict, outputs: dict) -> None:
-    """Forward of :class:`FusedPolarAttention` on one group, into the group's rows of ``outputs``:
-    ``u_hat``, ``lse``, ``sums`` (``T, E, V``), ``S``, ``||V||``."""
-    wide = ws[-1]
-    w = _attention_scores(ws, rows, wide)[0]
-    w_min = w.amin(-1, keepdim=True)  # the largest score is -w_min^2
-    probs = torch.addcmul(w_min.square(), w, w, value=-1.0, out=ws[3]).exp_()  # unnormalised
-    total = probs.sum(-1, keepdim=True)
-    torch.log(total, out=outputs["lse"].unsqueeze(-1)).sub_(w_min.square())
-    sums = torch.bmm(probs, rows["values"], out=outputs["sums"]).div_(total)  # (G, N, d+2): T, E, V
-    big_v = sums[..., 2:]
-    v_norm = torch.linalg.vector_norm(big_v, dim=-1, out=outputs["v_norm"])
-    nonzero = v_norm > 0
-    u_hat = torch.div(big_v, torch.where(nonzero, v_norm, torch.ones_like(v_norm)).unsqueeze(-1), out=outputs["u_hat"])
-    u_hat[..., 0] = torch.where(nonzero, u_hat[..., 0], torch.ones_like(v_norm))  # origin: direction e_0
-    ops = None if wide is None else (chord_operands(u_hat), rows["v_ops"])
-    chord_v = _pair_chords(ws[6], ws[4], u_hat, rows["uv"], wide, ops)
-    weighted = chord_v.mul_(probs).mul_(rows["sinh_beta"].unsqueeze(-2)).sum(-1)  # (no slow matrix-vector bmm)
-    torch.div(weighted, total.squeeze(-1), out=outputs["big_s"])
-
-
-def _attention_backward(ws, rows: dict, grad_r: Tensor, grad_u: Tensor, saved: dict, grads: dict, k: float) -> None:
-    """Backward of :class:`FusedPolarAttention` on one group (see its docstring for the formulas), into the
-    group's rows of ``grads``."""
-    sk = math.sqrt(k)
-    lse, big_t, big_e, big_s, v_norm, a_mu, u_hat = (saved[name] for name in
-                                                     ("lse", "big_t", "big_e", "big_s", "v_norm", "a_mu", "u_hat"))
-    uq, uk, uv = rows["uq"], rows["uk"], rows["uv"]
-    sinh_a, sinh_b, sinh_beta = rows["sinh_a"], rows["sinh_b"], rows["sinh_beta"]
-    g_t, g_e, g_v, _ = centroid_row_gradients(grad_r, grad_u, big_t, big_e, big_s, v_norm, a_mu, u_hat, k)
-    # recompute Eq. 5 and the probabilities from the saved log-sum-exp
-    wide = ws[-1]
-    w, s, root, asinh_s = _attention_scores(ws, rows, wide)
-    diff, t, q, s_sq, _, _, chord, _, _, probs, work = ws[:11]
-    probs = torch.addcmul(-lse.unsqueeze(-1), w, w, value=-1.0, out=probs).exp_()
-    # sinh(a_i - b_j) = t/2 + (t/2) / (1 + t) with the sign of a_i - b_j
-    sinh_x = t.mul_(0.5).addcdiv_(t, q).copysign_(diff)
-    # asinh(s) / (s sqrt(1 + s^2)) (= 1/2 dD^2/dc), the series 1 - s^2/6 + 3 s^4/40 of asinh(s)/s below c = 1e-4
-    slope = torch.div(asinh_s, s, out=s)
-    if torch.compiler.is_compiling() or bool(s_sq.min() < 0.5 * _SERIES_C):  # eager: only when some pair needs it
-        series = torch.mul(s_sq, 0.075, out=diff).sub_(1.0 / 6.0).mul_(s_sq).add_(1.0)
-        torch.where(s_sq < 0.5 * _SERIES_C, series, slope, out=slope)
-    slope.div_(root)
-    # S is stationary in u_hat only in exact arithmetic:
-    # dS/du_hat = g_S (W (u_hat - v_bar) - sum_j w_ij (v_j - v_bar)), w_ij = P_ij sinh beta_j, W = sum_j w_ij,
-    # measures the rounding of u_hat; carried through u_hat = V / |V|
-    # it cancels that rounding in dL/dv (centred differences, Eq. 25, keep it exact for clustered values)
-    v_bar = _centre(uv)
-    sums = probs @ torch.cat([sinh_beta.unsqueeze(-1), sinh_beta.unsqueeze(-1) * (uv - v_bar)], dim=-1)
-    drift = g_e.unsqueeze(-1) * (sums[..., :1] * (u_hat - v_bar) - sums[..., 1:])
-    drift -= (drift * u_hat).sum(-1, keepdim=True) * u_hat
-    g_v = g_v + drift / torch.where(v_norm > 0, v_norm, torch.ones_like(v_norm)).unsqueeze(-1)
-    # dL/dP = g_T cosh beta_j + g_E e^{-beta_j} + sinh beta_j (g_V . v_j + g_S chord(u_i, v_j))
-    ops = None if wide is None else (chord_operands(u_hat), rows["v_ops"])
-    g_p = _pair_chords(work, diff, u_hat, uv, wide, ops).mul_(g_e.unsqueeze(-1))  # g_S chord(u_i, v_j)
-    chord_terms = torch.mul(g_p, probs, out=q).sum(-2)  # sum_i P_ij g_S chord
-    g_p.mul_(sinh_beta.unsqueeze(-2))
-    g_rows = torch.cat([g_t.unsqueeze(-1), g_e.unsqueeze(-1), g_v], dim=-1)  # (G, N, d+2)
-    g_p.baddbmm_(g_rows, rows["values"].transpose(-1, -2))
-    # values: radius and direction (the value chord gradient centred on the mean value direction, Eq. 25)
-    pt_g = probs.transpose(-1, -2) @ torch.cat([g_rows, g_e.unsqueeze(-1) * (u_hat - v_bar)], dim=-1)
-    pt_gv, pt_gs = pt_g[..., 2:2 + uv.shape[-1]], pt_g[..., 2 + uv.shape[-1]:]
-    g_beta = (sinh_beta * pt_g[..., 0] - rows["exp_beta"] * pt_g[..., 1]
-              + rows["cosh_beta"] * ((uv * pt_gv).sum(-1) + chord_terms))
-    g_uv = sinh_beta.unsqueeze(-1) * (pt_gv - pt_gs + (uv - v_bar) * pt_g[..., 1:2])
-    # softmax, scores and the scale: score = -scale k D^2, D^2 = 4 asinh(s)^2
-    row_dot = torch.mul(probs, g_p, out=q).sum(-1, keepdim=True)
-    g_score = g_p.sub_(row_dot).mul_(probs)
-    g_scale = torch.mul(g_score, asinh_s, out=q).mul_(asinh_s).sum(dim=(1, 2)) * (-4.0 * k)
-    g_c = g_score.mul_(slope)  # dL/d(c) / (-2 scale k)
-    # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
-    g_c_sinh_x = torch.mul(g_c, sinh_x, out=q)
-    g_a = g_c_sinh_x.sum(-1)
-    g_b = -g_c_sinh_x.sum(-2)
-    chord_g = chord.mul_(g_c)  # sums weighted by sinh b_j / sinh a_i (elementwise: matrix-vector bmm is slow)
-    g_a += rows["cosh_a"] * torch.mul(chord_g, sinh_b.unsqueeze(-2), out=q).sum(-1)
-    g_b += rows["cosh_b"] * torch.mul(chord_g, sinh_a.unsqueeze(-1), out=q).sum(-2)
-    k_bar = _centre(uk)
-    p_q, q_k = uq - k_bar, uk - k_bar
-    # g_chord_ij = g_c_ij sinh a_i sinh b_j, never formed: its sums over j and i as products
-    by_key = g_c @ torch.cat([sinh_b.unsqueeze(-1), sinh_b.unsqueeze(-1) * q_k], dim=-1)  # (G, N, 1+d)
-    by_query = g_c.transpose(-1, -2) @ torch.cat([sinh_a.unsqueeze(-1), sinh_a.unsqueeze(-1) * p_q], dim=-1)
-    g_uq = sinh_a.unsqueeze(-1) * (p_q * by_key[..., :1] - by_key[..., 1:])
-    g_uk = sinh_b.unsqueeze(-1) * (q_k * by_query[..., :1] - by_query[..., 1:])
-    c_coef = rows["scale"].view(-1, 1) * (-2.0 * k)  # dL/dc = -2 scale k g_c
-    for name, value in (("rq", g_a * (c_coef / sk)), ("uq", g_uq * c_coef.unsqueeze(-1)),
-                        ("rk", g_b * (c_coef / sk)), ("uk", g_uk * c_coef.unsqueeze(-1)), ("rv", g_beta / sk),
-                        ("uv", g_uv), ("scale", g_scale)):
-        grads[name].copy_(value)
 
 
 class FusedPolarAttention(torch.autograd.Function):
@@ -456,27 +411,20 @@ class FusedPolarAttention(torch.autograd.Function):
     uses, so it cancels exactly where the score gradient vanishes (identical keys).  Quantities of one
     row (radii, their hyperbolic functions, operands) are computed once for all slices
     (:class:`_AttentionRows`); the ``(batch, head)`` slices are processed in groups whose ``N x M``
-    temporaries stay cache-sized.
+    temporaries stay cache-sized, each group by one function (a compiled kernel when training in
+    float32 on the CPU, :func:`use_kernels`).
     """
 
     @staticmethod
-    def forward(ctx, rq, uq, rk, uk, rv, uv, scale, k):  # noqa: D102
-        batch, heads, n_q, dim = uq.shape
-        n_k, slices = uk.shape[2], batch * heads
-        groups = _slice_groups(slices, n_q, n_k)
-        ws = _workspace(9, groups, n_q, n_k, uq)
-        rows = _AttentionRows(rq, uq, rk, uk, rv, uv, scale, k, ws[-1] is not None)
-        outputs = {"lse": rq.new_empty(slices, n_q), "sums": uq.new_empty(slices, n_q, dim + 2),
-                   "v_norm": rq.new_empty(slices, n_q), "u_hat": uq.new_empty(slices, n_q, dim),
-                   "big_s": rq.new_empty(slices, n_q)}
-        for group in groups:
-            _attention_forward(_trim(ws, group.stop - group.start), rows[group],
-                               {name: out[group] for name, out in outputs.items()})
-        big_t, big_e = outputs["sums"][..., 0], outputs["sums"][..., 1]
-        v_norm, u_hat = outputs["v_norm"], outputs["u_hat"]
-        a_mu = centroid_radius(big_t, big_e, outputs["big_s"], v_norm, v_norm <= 0)
-        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, a_mu, u_hat, outputs["lse"], big_t, big_e,
-                              outputs["big_s"], v_norm)
+    def forward(ctx, rq, uq, rk, uk, rv, uv, scale, k, training):  # noqa: D102
+        slices, n_q, n_k = uq.shape[0] * uq.shape[1], uq.shape[2], uk.shape[2]
+        rows = _AttentionRows(rq, uq, rk, uk, rv, uv, scale, k)
+        parts = [run_maybe_compiled(_attention_group_forward, training, uq, rows[group])
+                 for group in _slice_groups(slices, n_q, n_k)]
+        lse, sums, v_norm, u_hat, big_s = (torch.cat(part) for part in zip(*parts))
+        big_t, big_e = sums[..., 0], sums[..., 1]
+        a_mu = centroid_radius(big_t, big_e, big_s, v_norm, v_norm <= 0)
+        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, a_mu, u_hat, lse, big_t, big_e, big_s, v_norm)
         ctx.k = k
         return (math.sqrt(k) * a_mu).view_as(rq), u_hat.view_as(uq)
 
@@ -484,30 +432,25 @@ class FusedPolarAttention(torch.autograd.Function):
     def backward(ctx, grad_r, grad_u):  # noqa: D102
         rq, uq, rk, uk, rv, uv, scale, a_mu, u_hat, lse, big_t, big_e, big_s, v_norm = ctx.saved_tensors
         batch, heads, n_q, _ = uq.shape
-        n_k, slices = uk.shape[2], batch * heads
-        groups = _slice_groups(slices, n_q, n_k)
-        ws = _workspace(11, groups, n_q, n_k, uq)
-        rows = _AttentionRows(rq, uq, rk, uk, rv, uv, scale, ctx.k, ws[-1] is not None)
-        grads = {"rq": torch.empty_like(rows.a), "uq": torch.empty_like(rows.uq), "rk": torch.empty_like(rows.b),
-                 "uk": torch.empty_like(rows.uk), "rv": torch.empty_like(rows.beta), "uv": torch.empty_like(rows.uv),
-                 "scale": rq.new_empty(slices)}
+        rows = _AttentionRows(rq, uq, rk, uk, rv, uv, scale, ctx.k)
         saved = {"lse": lse, "big_t": big_t, "big_e": big_e, "big_s": big_s, "v_norm": v_norm, "a_mu": a_mu,
                  "u_hat": u_hat}
         row_grads = grad_r.flatten(0, 1), grad_u.flatten(0, 1)
-        for group in groups:
-            _attention_backward(_trim(ws, group.stop - group.start), rows[group], *(g[group] for g in row_grads),
-                                {name: value[group] for name, value in saved.items()},
-                                {name: value[group] for name, value in grads.items()}, ctx.k)
-        shaped = [grads[name].view_as(t) for name, t in zip(("rq", "uq", "rk", "uk", "rv", "uv"),
-                                                             (rq, uq, rk, uk, rv, uv))]
-        return (*shaped, grads["scale"].view(batch, heads).sum(0), None)
+        parts = [run_maybe_compiled(_attention_group_backward, True, uq, rows[group],
+                                    {name: value[group] for name, value in saved.items()},
+                                    *(g[group] for g in row_grads), ctx.k)
+                 for group in _slice_groups(batch * heads, n_q, uk.shape[2])]
+        grads = [torch.cat(part) for part in zip(*parts)]
+        shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
+        return (*shaped, grads[-1].view(batch, heads).sum(0), None, None)
 
 
 def fused_polar_attention(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor,
                           k: float = 1.0) -> tuple[Tensor, Tensor]:
     """Polar attention (Eq. 9) in one fused function; ``scale`` is an ``(H,)`` tensor
     (:class:`FusedPolarAttention`)."""
-    return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k))
+    return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k),
+                                     _training(rq, uq, rk, uk, rv, uv, scale))
 
 
 # --------------------------------------------------------------------------------------------
@@ -907,6 +850,19 @@ def _gyro_norm_small(st: dict) -> dict:
     return small
 
 
+def _gyro_norm_saved(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> tuple[Tensor, dict]:
+    """The output of :func:`_gyro_norm_forward` and the scalars its backward keeps (:func:`_gyro_norm_small`)."""
+    out, state = _gyro_norm_forward(p, log_gain, bias, k, eps)
+    return out, _gyro_norm_small(state)
+
+
+def _gyro_norm_gradients(grad: Tensor, p: Tensor, out: Tensor, log_gain: Tensor, bias: Tensor, small: dict, k: float,
+                         eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :class:`FusedGyroLayerNorm` from its input, output and saved scalars
+    (:func:`_gyro_norm_rebuild`, :func:`_gyro_norm_backward`)."""
+    return _gyro_norm_backward(grad, log_gain, bias, k, eps, _gyro_norm_rebuild(p, out, small, k))
+
+
 class FusedGyroLayerNorm(torch.autograd.Function):
     r"""Gyro layer normalisation (Sec. 4.4) as one function: ``b (+) (gamma / sqrt(sigma^2 + eps) (x) ((-)m (+) x))``.
 
@@ -916,13 +872,13 @@ class FusedGyroLayerNorm(torch.autograd.Function):
     ``log_gain``, the bias point and the per-token / per-sample scalars of the forward pass; the
     backward pass rebuilds the token-by-coordinate intermediates from them (:func:`_gyro_norm_rebuild`)
     and differentiates by hand (:func:`_gyroadd_backward`, :func:`centroid_row_gradients`,
-    :func:`distance_slope`).
+    :func:`distance_slope`).  Forward and backward are each one compiled kernel when training in float32
+    on the CPU (:func:`use_kernels`).
     """
 
     @staticmethod
-    def forward(ctx, p, log_gain, bias, k, eps):  # noqa: D102
-        out, state = _gyro_norm_forward(p, log_gain, bias, k, eps)
-        small = _gyro_norm_small(state)
+    def forward(ctx, p, log_gain, bias, k, eps, training):  # noqa: D102
+        out, small = run_maybe_compiled(_gyro_norm_saved, training, p, p, log_gain, bias, k, eps)
         ctx.names = list(small)
         ctx.save_for_backward(p, log_gain, bias, out, *small.values())
         ctx.k, ctx.eps = k, eps
@@ -931,14 +887,14 @@ class FusedGyroLayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         p, log_gain, bias, out, *small = ctx.saved_tensors
-        state = _gyro_norm_rebuild(p, out, dict(zip(ctx.names, small)), ctx.k)
-        g_p, g_log_gain, g_bias = _gyro_norm_backward(grad, log_gain, bias, ctx.k, ctx.eps, state)
-        return g_p, g_log_gain, g_bias, None, None
+        g_p, g_log_gain, g_bias = run_maybe_compiled(_gyro_norm_gradients, True, p, grad.contiguous(), p, out,
+                                                     log_gain, bias, dict(zip(ctx.names, small)), ctx.k, ctx.eps)
+        return g_p, g_log_gain, g_bias, None, None, None
 
 
 def fused_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
     """Gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedGyroLayerNorm`."""
-    return FusedGyroLayerNorm.apply(p, log_gain, bias, float(k), float(eps))
+    return FusedGyroLayerNorm.apply(p, log_gain, bias, float(k), float(eps), _training(p, log_gain, bias))
 
 
 # --------------------------------------------------------------------------------------------
@@ -991,23 +947,24 @@ def _boost_scalars(x: list[Tensor], cosh_a: Tensor, t: Tensor, axis: int) -> lis
 
 def _reserved_axes_scalars(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_rows: Tensor, t_cols: Tensor,
                            sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token scalar part of the 2-D encoding: ``(r', u'_0..3 (..., 4), scale)`` with ``u'_m = scale u_m``
+    """Per-token scalar part of the 2-D encoding: ``(r', u'_0..3 (4, ...), scale)`` with ``u'_m = scale u_m``
     for ``m >= 4``.
 
-    ``u4`` holds the reserved direction coordinates, ``rest_sq`` the sum of squares of the others.
+    ``u4 (4, ...)`` holds the reserved direction coordinates (coordinate first: each one contiguous),
+    ``rest_sq`` the sum of squares of the others.
     """
     if kind == "rotation":  # HOPE: the planes (0, 1) and (2, 3) rotate, the radius is exact
         parts = []
         for t, (first, second) in ((t_rows, (0, 1)), (t_cols, (2, 3))):
             cos, sin = torch.cos(t), torch.sin(t)
-            parts += [cos * u4[..., first] - sin * u4[..., second], sin * u4[..., first] + cos * u4[..., second]]
-        return r, torch.stack(parts, dim=-1), torch.ones_like(r)
+            parts += [cos * u4[first] - sin * u4[second], sin * u4[first] + cos * u4[second]]
+        return r, torch.stack(parts), torch.ones_like(r)
     a = r / sqrt_k
     sinh_a, cosh_a = sinh_cosh_smooth(a)  # differentiated by autograd; per token
-    x = [sinh_a * u4[..., c] for c in range(4)]
+    x = [sinh_a * u4[c] for c in range(4)]
     rest = sinh_a.square() * rest_sq
     if kind == "horoshift":
-        nu = _busemann(torch.exp(-a), sinh_a, [u4[..., c] for c in range(4)], rest_sq, torch.ones_like(a), 0)
+        nu = _busemann(torch.exp(-a), sinh_a, list(u4), rest_sq, torch.ones_like(a), 0)
         x = _horoshift_scalars(x, rest, nu, t_rows, 0, 1)
         norm = _safe_sqrt(rest + sum(c.square() for c in x))
         exp_minus = 1.0 / (torch.sqrt(1.0 + norm.square()) + norm)  # e^{-a} of the shifted point
@@ -1019,11 +976,22 @@ def _reserved_axes_scalars(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_
     norm = _safe_sqrt(rest + sum(c.square() for c in x))
     nonzero = norm > 0
     inv = 1.0 / torch.where(nonzero, norm, torch.ones_like(norm))
-    fallback = torch.zeros_like(u4)
-    fallback[..., 0] = 1.0  # the origin: direction e_0, zero gradient (as geometry.safe_normalize)
-    direction = torch.where(nonzero.unsqueeze(-1), torch.stack(x, dim=-1) * inv.unsqueeze(-1), fallback)
+    e_0 = torch.zeros_like(u4)
+    e_0[0] = 1.0  # the origin: direction e_0, zero gradient (as geometry.safe_normalize)
+    direction = torch.where(nonzero, torch.stack(x) * inv, e_0)
     asinh_norm = torch.log1p(norm + norm.square() / (1.0 + torch.sqrt(1.0 + norm.square())))
     return sqrt_k * asinh_norm, direction, torch.where(nonzero, sinh_a * inv, torch.zeros_like(norm))
+
+
+def _reserved_axes_scalar_gradients(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_rows: Tensor,
+                                    t_cols: Tensor, sqrt_k: float, grads: tuple[Tensor, Tensor, Tensor]) -> tuple:
+    """``(scale, gradients)``: the ``scale`` output of :func:`_reserved_axes_scalars` and its gradients with
+    respect to ``(r, u4, rest_sq, t_rows, t_cols)`` for the incoming ``grads`` of its three outputs; the
+    forward recomputed and differentiated by ``torch.func.vjp`` (one compiled kernel when training in
+    float32 on the CPU: nothing saved, no autograd graph)."""
+    outputs, vjp = torch.func.vjp(lambda *args: _reserved_axes_scalars(kind, *args, sqrt_k), r, u4, rest_sq, t_rows,
+                                  t_cols)
+    return outputs[2], vjp(grads)
 
 
 class FusedReservedAxesEncoding(torch.autograd.Function):
@@ -1034,47 +1002,39 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
     four reserved coordinates and the radius; every other space coordinate ``x_m = sqrt(k) sinh a u_m``
     is unchanged, so its direction coordinate is only rescaled, ``u'_m = (sinh a / sinh a') u_m``.
     The per-token scalars (radius, four coordinates, the sum of squares of the others) carry the
-    whole computation; the ``d``-wide vectors are touched once forward and once backward.  The
-    scalar part is recomputed in backward and differentiated by autograd on ``(B, N, H)``-sized
-    tensors; the vector part by hand.
+    whole computation (:func:`_reserved_axes_scalars`, on contiguous ``(B, N, H)`` tensors; a compiled
+    kernel when training in float32 on the CPU); the ``d``-wide vectors are touched once forward and
+    once backward.  Saved: the input; backward recomputes the scalar part and differentiates it with
+    ``torch.func.vjp`` (:func:`_reserved_axes_scalar_gradients`), the vector part by hand.
     """
 
     @staticmethod
-    def forward(ctx, p, t_rows, t_cols, kind, sqrt_k):  # noqa: D102
+    def forward(ctx, p, t_rows, t_cols, kind, sqrt_k, training):  # noqa: D102
         u_rest = p[..., 5:]
-        rest_sq = u_rest.square().sum(-1)
-        r_out, u4, scale = _reserved_axes_scalars(kind, p[..., 0], p[..., 1:5], rest_sq, t_rows, t_cols, sqrt_k)
-        out = torch.cat([r_out.unsqueeze(-1), u4, u_rest * scale.unsqueeze(-1)], dim=-1)
+        scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
+        r_out, u4, scale = run_maybe_compiled(_reserved_axes_scalars, training, p, kind, *scalars, t_rows,
+                                              t_cols, sqrt_k)
         ctx.save_for_backward(p, t_rows, t_cols)
         ctx.kind, ctx.sqrt_k = kind, sqrt_k
-        return out
+        return torch.cat([r_out.unsqueeze(-1), u4.movedim(0, -1), u_rest * scale.unsqueeze(-1)], dim=-1)
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         p, t_rows, t_cols = ctx.saved_tensors
-        u_rest = p[..., 5:]
-        with torch.enable_grad():
-            leaves = [p[..., 0].detach(), p[..., 1:5].detach(), u_rest.square().sum(-1), t_rows.detach(),
-                      t_cols.detach()]
-            for leaf in leaves:
-                leaf.requires_grad_(True)
-            r_out, u4, scale = _reserved_axes_scalars(ctx.kind, *leaves[:3], leaves[3], leaves[4], ctx.sqrt_k)
-            pairs = [(r_out, grad[..., 0]), (u4, grad[..., 1:5]), (scale, (grad[..., 5:] * u_rest).sum(-1))]
-            pairs = [(out, g) for out, g in pairs if out.requires_grad]
-            g_r, g_u4, g_rest_sq, g_t_rows, g_t_cols = torch.autograd.grad(
-                [out for out, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
-            zeros = torch.zeros_like(leaves[2])
-            g_r = g_r if g_r is not None else zeros
-            g_rest_sq = g_rest_sq if g_rest_sq is not None else zeros
-        g_rest = torch.addcmul(grad[..., 5:] * scale.detach().unsqueeze(-1), u_rest, 2.0 * g_rest_sq.unsqueeze(-1))
-        g_p = torch.cat([g_r.unsqueeze(-1), g_u4, g_rest], dim=-1)
-        reduce = lambda g, t: None if g is None else g.reshape(-1, *t.shape).sum(0)  # noqa: E731
-        return g_p, reduce(g_t_rows, t_rows), reduce(g_t_cols, t_cols), None, None
+        u_rest, g_rest = p[..., 5:], grad[..., 5:]
+        scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
+        outputs = (grad[..., 0].contiguous(), grad[..., 1:5].movedim(-1, 0).contiguous(), (g_rest * u_rest).sum(-1))
+        scale, (g_r, g_u4, g_rest_sq, g_t_rows, g_t_cols) = run_maybe_compiled(
+            _reserved_axes_scalar_gradients, True, p, ctx.kind, *scalars, t_rows, t_cols,
+            ctx.sqrt_k, outputs)
+        g_p = torch.cat([g_r.unsqueeze(-1), g_u4.movedim(0, -1),
+                         torch.addcmul(g_rest * scale.unsqueeze(-1), u_rest, 2.0 * g_rest_sq.unsqueeze(-1))], dim=-1)
+        return g_p, g_t_rows, g_t_cols, None, None, None
 
 
 def fused_reserved_axes_encoding(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float) -> Tensor:
     """Relative position encoding of ``p (B, N, H, d+1)`` with per-token, per-head moves ``t (N, H)``."""
-    return FusedReservedAxesEncoding.apply(p, t_rows, t_cols, kind, float(sqrt_k))
+    return FusedReservedAxesEncoding.apply(p, t_rows, t_cols, kind, float(sqrt_k), _training(p, t_rows, t_cols))
 
 
 # --------------------------------------------------------------------------------------------

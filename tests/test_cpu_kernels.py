@@ -1,9 +1,10 @@
 """Compiled CPU kernels of the fused layers (``modeling/fused.py``: :func:`kernel`, :func:`use_kernels`).
 
-Training in float32 on the CPU runs the boost residual and the Polar-FC epilogues through inductor-compiled
-kernels; these tests turn them on (the rest of the suite runs with ``POLAR_VIT_CPU_KERNELS=0``) and check
-them against the same formulas run eagerly and against float64, on a whole model and per function, and that
-inference, float64 and compiler failures stay eager.
+Training in float32 on the CPU runs the attention core, the position encodings' scalar part, the gyro layer
+norm, the boost residual and the Polar-FC epilogues through inductor-compiled kernels; these tests turn them
+on (the rest of the suite runs with ``POLAR_VIT_CPU_KERNELS=0``) and check them against the same formulas run
+eagerly and against float64, on a whole model and per function, and that inference, float64 and compiler
+failures stay eager.
 """
 
 from __future__ import annotations
@@ -55,18 +56,22 @@ def outputs_and_grads(fn, inputs):
     return [out.detach(), *grads]
 
 
-def check_kernels(fn, *inputs):
+def check_kernels(fn, *inputs, joint_scale: bool = False):
     """Kernels on (float32) against float64: within 4x the error of the same float32 inputs run eagerly
-    (or 2e-6 of the largest entry), for the output and every input gradient."""
+    (or 2e-6 of the largest entry), for the output and every input gradient.  ``joint_scale``: the largest
+    entry of all of them (a gradient that vanishes in exact arithmetic, identical keys, is rounding noise of
+    the terms that cancel in it, whose size is that of the other gradients)."""
     fused.set_cpu_kernels(True)
     with_kernels = outputs_and_grads(fn, inputs)
     fused.set_cpu_kernels(False)
     eager = outputs_and_grads(fn, inputs)
     fused.set_cpu_kernels(True)
     exact = outputs_and_grads(fn, [t.double() for t in inputs])
+    joint = max(float(want.abs().max()) for want in exact)
     for got, eager32, want in zip(with_kernels, eager, exact):
         err, eager_err = (got.double() - want).abs().max(), (eager32.double() - want).abs().max()
-        assert err <= max(4 * eager_err, 2e-6 * want.abs().max() + 1e-12), (float(err), float(eager_err))
+        scale = joint if joint_scale else want.abs().max()
+        assert err <= max(4 * eager_err, 2e-6 * scale + 1e-12), (float(err), float(eager_err))
 
 
 @pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
@@ -97,6 +102,55 @@ def test_polar_fc_epilogue_kernels_match_eager(kernels_on, activation, heads, ru
 
     check_kernels(fn, p, weight, *rule_parameters)
     assert fused._polar_fc_epilogue in fused._KERNELS["compiled"]
+
+
+@pytest.mark.parametrize("case", ["generic", "identical", "dominant"])
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
+def test_attention_kernels_match_eager_and_float64(kernels_on, monkeypatch, case, rmax):
+    """The attention core's group forward and backward as compiled kernels (several groups, the last one
+    partial), against the same float32 inputs run eagerly and against float64."""
+    from test_attention import make_inputs
+
+    monkeypatch.setattr(fused, "GROUP_ELEMENTS", 2 * 11 * 13)
+    stored = [t.float() for t in make_inputs(batch=3, heads=2, n_q=11, n_k=13, dim=8, rmax=rmax, case=case)]
+
+    def fn(*args):
+        r, u = fused.fused_polar_attention(*args, 0.8)
+        return torch.cat([r.unsqueeze(-1), u], dim=-1)
+
+    check_kernels(fn, *stored, joint_scale=case == "identical")
+    assert {fused._attention_group_forward, fused._attention_group_backward} <= set(fused._KERNELS["compiled"])
+
+
+@pytest.mark.parametrize("kind", ["horoshift", "boost", "rotation"])
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
+def test_reserved_axes_encoding_kernels_match_eager_and_float64(kernels_on, kind, rmax):
+    """The encoding's per-token scalar part and its ``torch.func.vjp`` backward as compiled kernels."""
+    p = points(2, 6, 10, rmax, 7).float().unsqueeze(-2).expand(2, 6, 3, 11).contiguous()  # (B, N, H, d+1)
+    p[..., 1] = p[..., 1].abs().neg()  # the Busemann branch y_ideal < 0 for some tokens, >= 0 for others
+    p[0, :, 1, 1] = p[0, :, 1, 1].abs()
+    t_rows, t_cols = torch.linspace(-0.6, 0.9, 18).view(6, 3), torch.linspace(0.8, -0.4, 18).view(6, 3)
+
+    def fn(p, t_rows, t_cols):
+        return fused.fused_reserved_axes_encoding(p, t_rows, t_cols, kind, 1.1)
+
+    check_kernels(fn, p, t_rows, t_cols)
+    assert {fused._reserved_axes_scalars, fused._reserved_axes_scalar_gradients} <= set(fused._KERNELS["compiled"])
+
+
+@pytest.mark.parametrize("bias_scale", [0.1, 3.0])  # bias point near the origin (Eq. 20 directly) and beyond
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
+def test_gyro_layer_norm_kernels_match_eager_and_float64(kernels_on, bias_scale, rmax):
+    """The gyro layer norm's forward and backward as compiled kernels (both bias branches, selected per call)."""
+    p = points(3, 7, 12, rmax, 8).float()
+    log_gain = torch.tensor(0.3)
+    bias = torch.linspace(-1.0, 1.0, 12) * bias_scale / 12**0.5
+
+    def fn(p, log_gain, bias):
+        return fused.fused_gyro_layer_norm(p, log_gain, bias, 0.9, 1e-5)
+
+    check_kernels(fn, p, log_gain, bias)
+    assert {fused._gyro_norm_saved, fused._gyro_norm_gradients} <= set(fused._KERNELS["compiled"])
 
 
 def test_training_step_with_kernels_matches_eager_and_inference_stays_eager(kernels_on):

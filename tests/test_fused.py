@@ -419,27 +419,28 @@ def test_unnormalised_pixels_fail_at_the_entry_with_the_fix(scale):
 
 
 @pytest.mark.parametrize("spread", [1.0, 1e-3, 1e-4, 0.0])
-def test_pair_chords_from_the_float64_product_round_to_the_exact_float32_chord(spread):
-    """The float64 inner-product chords (float32 inputs) against the exact chord of the stored inputs,
-    down to nearly equal (recomputed from differences) and equal directions."""
-    from polar_vit_hf.modeling.fused import CHORD_PRODUCT_ABOVE, _pair_chords, chord_operands
+def test_pair_chords_round_to_the_exact_float32_chord_eager_and_compiled(spread):
+    """The float64 inner-product chords (float32 inputs, eager) against the exact chord of the stored inputs,
+    down to nearly equal (recomputed from differences) and equal directions; the compiled kernel's
+    coordinate differences within a few ulp of every chord."""
+    from polar_vit_hf.modeling.fused import CHORD_PRODUCT_ABOVE, kernel, pair_chords
 
     torch.manual_seed(1)
     base = directions(1, 16).float()
     u = torch.nn.functional.normalize(base + spread * torch.randn(3, 20, 16), dim=-1)
     v = torch.nn.functional.normalize(base + spread * torch.randn(3, 24, 16), dim=-1)
-    buffers = [torch.empty(3, 20, 24) for _ in range(2)]
-    ops = chord_operands(u), chord_operands(v, right=True)
-    got = _pair_chords(*buffers, u, v, torch.empty(3, 20, 24, dtype=F64), ops)
+    got = pair_chords(u, v.transpose(-1, -2))
+    compiled = kernel(pair_chords)(u, v.transpose(-1, -2).contiguous())
     exact = 0.5 * (u.double().unsqueeze(-2) - v.double().unsqueeze(-3)).square().sum(-1)
     product = exact >= CHORD_PRODUCT_ABOVE
     # correctly rounded where the product is used; a few ulp where the differences are summed in float32
     ulp = torch.finfo(torch.float32).eps
     assert torch.all((got.double() - exact).abs()[product] <= 0.5 * ulp * exact[product] * (1 + 1e-6))
     assert torch.all((got.double() - exact).abs()[~product] <= 8 * ulp * exact[~product])
+    assert torch.all((compiled.double() - exact).abs() <= 8 * ulp * exact)
     assert (spread <= 1e-4) == bool((~product).any())
     if spread == 0.0:
-        assert torch.equal(got, torch.zeros_like(got))
+        assert torch.equal(got, torch.zeros_like(got)) and torch.equal(compiled, torch.zeros_like(compiled))
 
 
 def test_stacked_qkv_projection_equals_the_three_polar_fcs_and_respects_hooks():
