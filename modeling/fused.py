@@ -21,6 +21,7 @@ This module is part of the remote code of exported checkpoints: it imports only 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -30,7 +31,7 @@ from torch import Tensor
 
 from .geometry import _SERIES_C, asinh_exp, centroid_radius  # _SERIES_C: below it asinh(s)/s is a series
 
-GROUP_ELEMENTS = 1 << 19  # N x M elements per group of (batch, head) slices (cache-sized)
+GROUP_ELEMENTS = 1 << 19  # H x N x M elements per group of samples (cache-sized)
 GEMM_ALIGN = 8  # the Polar-FC's inner width n+1 is zero-padded to a multiple of this (MKL: odd widths run 2.3x slower)
 
 
@@ -94,6 +95,44 @@ def _training(*inputs: Tensor | None) -> bool:
 def run_maybe_compiled(fn, training: bool, like: Tensor, *args):
     """``fn(*args)``, through :func:`kernel` where :func:`use_kernels` says so."""
     return kernel(fn)(*args) if use_kernels(like, training) else fn(*args)
+
+
+class RecomputedFunction(torch.autograd.Function):
+    """``fn(*tensors, *constants)``, a pure function of its tensors with one output, saving only its inputs:
+    forward runs it, backward recomputes it and differentiates it with ``torch.func.vjp``; each a compiled
+    kernel when training in float32 on the CPU (:func:`use_kernels`), so neither keeps an autograd graph of
+    its intermediates."""
+
+    @staticmethod
+    def forward(ctx, fn, constants, training, *tensors):  # noqa: D102
+        ctx.fn, ctx.constants = fn, constants
+        ctx.save_for_backward(*tensors)
+        return run_maybe_compiled(_bound(fn, constants), training, tensors[0], *tensors)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        tensors = ctx.saved_tensors
+        gradients = run_maybe_compiled(_vjp(ctx.fn, ctx.constants), True, tensors[0], grad.contiguous(), *tensors)
+        return (None, None, None, *gradients)
+
+
+@functools.cache
+def _bound(fn, constants: tuple):
+    """``fn`` with its trailing ``constants`` bound (one function object per pair: one compiled kernel, the
+    constants compiled in)."""
+    return lambda *tensors: fn(*tensors, *constants)
+
+
+@functools.cache
+def _vjp(fn, constants: tuple):
+    """``(grad, *tensors) -> gradients of fn(*tensors, *constants)`` by ``torch.func.vjp`` (one function object
+    per pair: one compiled kernel)."""
+    return lambda grad, *tensors: torch.func.vjp(lambda *args: fn(*args, *constants), *tensors)[1](grad)
+
+
+def recomputed(fn, *tensors: Tensor, constants: tuple = ()) -> Tensor:
+    """``fn(*tensors, *constants)`` through :class:`RecomputedFunction`."""
+    return RecomputedFunction.apply(fn, tuple(constants), _training(*tensors), *tensors)
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,6 +307,7 @@ def _attention_group_forward(rows: dict) -> tuple[Tensor, Tensor, Tensor, Tensor
     """Forward of :class:`FusedPolarAttention` on one group of slices: ``(lse, sums, ||V||, u_hat, S)`` with
     ``sums = (T, E, V)`` ``(G, N, d+2)``; the softmax unnormalised (``exp(w_min^2 - w^2)``, sums divided
     by the row total: one exp pass, no ``logsumexp``)."""
+    rows = _group_operands(rows)
     w = scaled_distances(pair_chords(rows["uq"], rows["uk_t"]), rows)["w"]
     w_min_sq = w.amin(-1, keepdim=True).square()  # the largest score is -w_min^2
     probs = torch.exp(w_min_sq - w.square())
@@ -292,7 +332,8 @@ def _distance_slope_half(d: dict) -> Tensor:
 
 def _attention_group_backward(rows: dict, saved: dict, grad_r: Tensor, grad_u: Tensor, k: float) -> tuple:
     """Backward of :class:`FusedPolarAttention` on one group of slices (see its docstring for the formulas):
-    gradients of ``(rq, uq, rk, uk, rv, uv)`` and the per-slice scale gradient."""
+    gradients of ``(rq, uq, rk, uk, rv, uv)`` and the per-slice scale gradient (all ``(G, ...)``)."""
+    rows = _group_operands(rows)
     uq, uk, uv, u_hat, v_norm = rows["uq"], rows["uk"], rows["uv"], saved["u_hat"], saved["v_norm"]
     sinh_a, sinh_b, sinh_beta = rows["sinh_a"], rows["sinh_b"], rows["sinh_beta"].unsqueeze(-1)
     g_t, g_e, g_v, _ = centroid_row_gradients(grad_r, grad_u, saved["big_t"], saved["big_e"], saved["big_s"],
@@ -353,38 +394,47 @@ def _centre(u: Tensor) -> Tensor:
     return u.double().mean(dim=-2, keepdim=True).to(u.dtype) if u.dtype != torch.float64 else u.mean(-2, keepdim=True)
 
 
-def _slice_groups(num_slices: int, n_q: int, n_k: int) -> list[slice]:
-    """Groups of ``(batch, head)`` slices whose ``N x M`` temporaries stay cache-sized (``GROUP_ELEMENTS``)."""
-    size = max(1, GROUP_ELEMENTS // max(1, n_q * n_k))
-    return [slice(start, min(start + size, num_slices)) for start in range(0, num_slices, size)]
+def _batch_groups(batch: int, per_sample: int) -> list[slice]:
+    """Groups of samples whose ``(head, N, M)`` temporaries stay cache-sized (``GROUP_ELEMENTS``;
+    ``per_sample = H N M``)."""
+    size = max(1, GROUP_ELEMENTS // max(1, per_sample))
+    return [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
+
+
+def _group_operands(rows: dict) -> dict:
+    """A group's rows with the value operand ``[cosh beta, e^{-beta}, sinh beta v]`` ``(G, M, d+2)`` of the
+    centroid sums (Eq. 22), built inside the group's function (a compiled kernel: no pass of its own)."""
+    values = torch.cat([rows["cosh_beta"].unsqueeze(-1), rows["exp_beta"].unsqueeze(-1),
+                        rows["uv"] * rows["sinh_beta"].unsqueeze(-1)], dim=-1)
+    return dict(rows, values=values)
 
 
 class _AttentionRows:
     """Per-slice quantities of :class:`FusedPolarAttention`, computed once for all ``(batch, head)`` slices.
 
     Radii divided by ``sqrt(k)`` (``a`` queries, ``b`` keys, ``beta`` values), their ``sinh``/``cosh`` and
-    ``sqrt(4 k scale)`` per slice (``score = -(sqrt(4 k scale) asinh s)^2``, Eq. 9).  A group's rows
-    (``rows[group]``) add its value operand ``[cosh beta, e^{-beta}, sinh beta v]`` ``(G, M, d+2)`` of
-    the centroid sums (Eq. 22), built per group, where it stays in cache.
+    ``sqrt(4 k scale)`` per slice (``score = -(sqrt(4 k scale) asinh s)^2``, Eq. 9), all ``(B, H, ...)``;
+    the directions are the inputs themselves (views, never copied whole).  ``rows[group]`` holds a group
+    of samples as ``G = g H`` contiguous slices (the copies of strided inputs made per group, in cache).
     """
 
     def __init__(self, rq, uq, rk, uk, rv, uv, scale, k: float):
         batch, heads = uq.shape[:2]
         sk = math.sqrt(k)
-        self.uq, self.uk, self.uv = uq.flatten(0, 1), uk.flatten(0, 1), uv.flatten(0, 1)
-        self.a, self.b, self.beta = rq.flatten(0, 1) / sk, rk.flatten(0, 1) / sk, rv.flatten(0, 1) / sk
+        self.uq, self.uk, self.uv = uq, uk, uv
+        self.a, self.b, self.beta = rq / sk, rk / sk, rv / sk
         self.sinh_a, self.cosh_a = sinh_cosh(self.a)
         self.sinh_b, self.cosh_b = sinh_cosh(self.b)
         self.sinh_beta, self.cosh_beta = sinh_cosh(self.beta)
         self.exp_beta = torch.exp(-self.beta)
-        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1).reshape(-1, 1, 1)
+        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
         self.scale, self.root_coef = scale_g, torch.sqrt(scale_g * (4.0 * k))
 
     def __getitem__(self, group: slice) -> dict:
-        rows = {name: value[group] for name, value in vars(self).items()}
+        """The group's rows ``(G, ...)`` and its keys and values transposed, ``(G, d, M)`` (the inner loop of
+        :func:`pair_chords` runs over ``M``)."""
+        rows = {name: value[group].flatten(0, 1) for name, value in vars(self).items()}
         rows["uk_t"], rows["uv_t"] = (rows[name].transpose(-1, -2).contiguous() for name in ("uk", "uv"))
-        rows["values"] = torch.cat([rows["cosh_beta"].unsqueeze(-1), rows["exp_beta"].unsqueeze(-1),
-                                    rows["uv"] * rows["sinh_beta"].unsqueeze(-1)], dim=-1)
         return rows
 
 
@@ -410,18 +460,18 @@ class FusedPolarAttention(torch.autograd.Function):
     chord gradient of Eq. 25.  The softmax row constant is summed from the very values the gradient
     uses, so it cancels exactly where the score gradient vanishes (identical keys).  Quantities of one
     row (radii, their hyperbolic functions, operands) are computed once for all slices
-    (:class:`_AttentionRows`); the ``(batch, head)`` slices are processed in groups whose ``N x M``
+    (:class:`_AttentionRows`); the samples are processed in groups whose ``(head, N, M)``
     temporaries stay cache-sized, each group by one function (a compiled kernel when training in
     float32 on the CPU, :func:`use_kernels`).
     """
 
     @staticmethod
     def forward(ctx, rq, uq, rk, uk, rv, uv, scale, k, training):  # noqa: D102
-        slices, n_q, n_k = uq.shape[0] * uq.shape[1], uq.shape[2], uk.shape[2]
+        batch, heads, n_q, _ = uq.shape
         rows = _AttentionRows(rq, uq, rk, uk, rv, uv, scale, k)
         parts = [run_maybe_compiled(_attention_group_forward, training, uq, rows[group])
-                 for group in _slice_groups(slices, n_q, n_k)]
-        lse, sums, v_norm, u_hat, big_s = (torch.cat(part) for part in zip(*parts))
+                 for group in _batch_groups(batch, heads * n_q * uk.shape[2])]
+        lse, sums, v_norm, u_hat, big_s = (torch.cat(part) for part in zip(*parts))  # (B H, N, ...)
         big_t, big_e = sums[..., 0], sums[..., 1]
         a_mu = centroid_radius(big_t, big_e, big_s, v_norm, v_norm <= 0)
         ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, a_mu, u_hat, lse, big_t, big_e, big_s, v_norm)
@@ -435,11 +485,12 @@ class FusedPolarAttention(torch.autograd.Function):
         rows = _AttentionRows(rq, uq, rk, uk, rv, uv, scale, ctx.k)
         saved = {"lse": lse, "big_t": big_t, "big_e": big_e, "big_s": big_s, "v_norm": v_norm, "a_mu": a_mu,
                  "u_hat": u_hat}
-        row_grads = grad_r.flatten(0, 1), grad_u.flatten(0, 1)
-        parts = [run_maybe_compiled(_attention_group_backward, True, uq, rows[group],
-                                    {name: value[group] for name, value in saved.items()},
-                                    *(g[group] for g in row_grads), ctx.k)
-                 for group in _slice_groups(batch * heads, n_q, uk.shape[2])]
+        parts = []
+        for group in _batch_groups(batch, heads * n_q * uk.shape[2]):
+            slots = slice(group.start * heads, group.stop * heads)
+            parts.append(run_maybe_compiled(_attention_group_backward, True, uq, rows[group],
+                                            {name: value[slots] for name, value in saved.items()},
+                                            grad_r[group].flatten(0, 1), grad_u[group].flatten(0, 1), ctx.k))
         grads = [torch.cat(part) for part in zip(*parts)]
         shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
         return (*shaped, grads[-1].view(batch, heads).sum(0), None, None)

@@ -105,6 +105,8 @@ def _sqrt_k(k: Curvature) -> Curvature:
             raise ValueError(f"k must be a finite positive number (curvature -1/k), got {k.item()}")
         return k.sqrt()
     k = float(k)
+    if torch.compiler.is_compiling():  # traced inside a compiled kernel: validated where the value came from
+        return math.sqrt(k)
     if not (math.isfinite(k) and k > 0):
         raise ValueError(f"k must be a finite positive number (curvature -1/k), got {k}")
     return math.sqrt(k)

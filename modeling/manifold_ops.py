@@ -36,6 +36,7 @@ from .ambient import (
     sq_distance as ambient_sq_distance,
 )
 from .attention import polar_attention
+from .fused import recomputed
 from .geometry import (
     beta_concat,
     beta_split,
@@ -53,6 +54,13 @@ from .geometry import (
     sq_distance,
     to_ambient,
 )
+
+
+def packed_direct_concat(p: Tensor, k: float) -> Tensor:
+    """Lorentz direct concatenation (:func:`geometry.direct_concat`) of packed points ``(..., H, d+1)`` into one
+    packed point ``(..., H d + 1)``."""
+    r, u = direct_concat(p[..., 0], p[..., 1:], k)
+    return torch.cat([r.unsqueeze(-1), u], dim=-1)
 
 
 class ManifoldOps(ABC):
@@ -247,7 +255,9 @@ class PolarOps(ManifoldOps):
         return self.make(*rotate(p[..., 0], p[..., 1:], t, axis_a, axis_b))
 
     def concat_heads(self, p: Tensor) -> Tensor:
-        return self.make(*direct_concat(p[..., 0], p[..., 1:], self.k))
+        if self.fused:  # no autograd graph of its intermediates (a compiled kernel when training on the CPU)
+            return recomputed(packed_direct_concat, p, constants=(self.k,))
+        return packed_direct_concat(p, self.k)
 
     def beta_concat_heads(self, p: Tensor) -> Tensor:
         return self.make(*beta_concat(p[..., 0], p[..., 1:]))

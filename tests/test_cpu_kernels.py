@@ -111,7 +111,7 @@ def test_attention_kernels_match_eager_and_float64(kernels_on, monkeypatch, case
     partial), against the same float32 inputs run eagerly and against float64."""
     from test_attention import make_inputs
 
-    monkeypatch.setattr(fused, "GROUP_ELEMENTS", 2 * 11 * 13)
+    monkeypatch.setattr(fused, "GROUP_ELEMENTS", 2 * 2 * 11 * 13)  # 2 samples per group, the last one partial
     stored = [t.float() for t in make_inputs(batch=3, heads=2, n_q=11, n_k=13, dim=8, rmax=rmax, case=case)]
 
     def fn(*args):

@@ -115,7 +115,7 @@ def test_fused_attention_groups_and_saves_nothing_quadratic(monkeypatch):
     args = [t.double().requires_grad_(True) for t in stored]
     one = fused_polar_attention(*args)
     g_one = torch.autograd.grad(one[0].sum() + one[1].square().sum(), args)
-    monkeypatch.setattr(fused, "GROUP_ELEMENTS", 2 * 12 * 12)  # 2 slices per group, the last one partial
+    monkeypatch.setattr(fused, "GROUP_ELEMENTS", 2 * 2 * 12 * 12)  # 2 samples per group, the last one partial
     sizes = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
         two = fused_polar_attention(*args)
