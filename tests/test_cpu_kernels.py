@@ -153,6 +153,21 @@ def test_gyro_layer_norm_kernels_match_eager_and_float64(kernels_on, bias_scale,
     assert {fused._gyro_norm_saved, fused._gyro_norm_gradients} <= set(fused._KERNELS["compiled"])
 
 
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
+def test_recomputed_direct_concat_kernels_match_eager_and_float64(kernels_on, rmax):
+    """The heads' direct concatenation (a RecomputedFunction) as compiled forward and vjp kernels."""
+    from polar_vit_hf.modeling.manifold_ops import PolarOps, packed_direct_concat
+
+    r = radii(2, 6, 3, rmax=rmax, seed=9) * torch.tensor([1.0, 0.5, 1.5], dtype=torch.float64)
+    p = torch.cat([r.unsqueeze(-1), directions(2, 6, 3, 3, seed=9)], dim=-1).float()  # (B, N, H, d+1)
+
+    def fn(p):
+        return PolarOps(0.9, True).concat_heads(p)
+
+    check_kernels(fn, p)
+    assert fused._bound(packed_direct_concat, (0.9,)) in fused._KERNELS["compiled"]
+
+
 def test_training_step_with_kernels_matches_eager_and_inference_stays_eager(kernels_on):
     torch.manual_seed(0)
     config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10, num_hidden_layers=2, drop_path_rate=0.0)
