@@ -12,9 +12,10 @@ Hyperbolic functions are evaluated through ``exp`` / ``expm1`` / ``log1p`` (:fun
 ``asinh`` run element by element in scalar code (10x the time of ``exp`` on AVX2), and every
 formula below keeps its terms of one sign, so nothing cancels.
 
-When training in float32 on the CPU, the elementwise cores of the boost residual and of the Polar-FC
-epilogue run as inductor-compiled kernels (:func:`kernel`, :func:`use_kernels`; off with
-``POLAR_VIT_CPU_KERNELS=0``); everything else, and every other case, runs the same formulas eagerly.
+When training in float32 on the CPU, the attention core's groups, the position encoding's per-token
+scalars, the gyro layer norm, the head concatenation (:class:`RecomputedFunction`), the boost residual
+and the Polar-FC epilogue run as inductor-compiled kernels (:func:`kernel`, :func:`use_kernels`; off
+with ``POLAR_VIT_CPU_KERNELS=0``); everything else, and every other case, runs the same formulas eagerly.
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and :mod:`geometry`.
 """
