@@ -321,16 +321,6 @@ def _attention_group_forward(rows: dict) -> tuple[Tensor, Tensor, Tensor, Tensor
     return torch.log(total) - w_min_sq.squeeze(-1), sums, v_norm, u_hat, weighted.sum(-1) / total
 
 
-def _distance_slope_half(d: dict) -> Tensor:
-    """``asinh(s) / (s sqrt(1 + s^2))`` (``= 1/2 dD^2/dc``, :func:`distance_slope`), the series
-    ``1 - s^2/6 + 3 s^4/40`` of ``asinh(s)/s`` below ``c = 1e-4`` (eager: only when some pair needs it)."""
-    s_sq = d["s_sq"]
-    slope = d["asinh_s"] / d["s"]
-    if torch.compiler.is_compiling() or bool(s_sq.min() < 0.5 * _SERIES_C):
-        slope = torch.where(s_sq < 0.5 * _SERIES_C, 1.0 + s_sq * (0.075 * s_sq - 1.0 / 6.0), slope)
-    return slope / d["root"]
-
-
 def _attention_group_backward(rows: dict, saved: dict, grad_r: Tensor, grad_u: Tensor, k: float) -> tuple:
     """Backward of :class:`FusedPolarAttention` on one group of slices (see its docstring for the formulas):
     gradients of ``(rq, uq, rk, uk, rv, uv)`` and the per-slice scale gradient (all ``(G, ...)``)."""
@@ -368,7 +358,7 @@ def _attention_group_backward(rows: dict, saved: dict, grad_r: Tensor, grad_u: T
     # softmax, scores and the scale: score = -scale k D^2, D^2 = 4 asinh(s)^2
     g_score = (g_p - (probs * g_p).sum(-1, keepdim=True)).mul_(probs)
     g_scale = (g_score * d["asinh_s"].square()).sum(dim=(1, 2)) * (-4.0 * k)
-    g_c = g_score.mul_(_distance_slope_half(d))  # dL/d(c) / (-2 scale k)
+    g_c = g_score.mul_(distance_slope(2.0 * d["s_sq"], d["asinh_s"], d["root"]))  # dL/d(c) / (-scale k)
     # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
     g_c_sinh_x = g_c * sinh_x
     chord_g = chord.mul_(g_c)  # sums weighted by sinh b_j / sinh a_i (elementwise: matrix-vector bmm is slow)
@@ -381,7 +371,7 @@ def _attention_group_backward(rows: dict, saved: dict, grad_r: Tensor, grad_u: T
     by_query = g_c.transpose(-1, -2) @ torch.cat([sinh_a.unsqueeze(-1), sinh_a.unsqueeze(-1) * p_q], dim=-1)
     g_uq = sinh_a.unsqueeze(-1) * (p_q * by_key[..., :1] - by_key[..., 1:])
     g_uk = sinh_b.unsqueeze(-1) * (q_k * by_query[..., :1] - by_query[..., 1:])
-    c_coef = rows["scale"].view(-1, 1) * (-2.0 * k)  # dL/dc = -2 scale k g_c
+    c_coef = rows["scale"].view(-1, 1) * -k  # dL/dc = -scale k g_c
     sk = math.sqrt(k)
     return (g_a * (c_coef / sk), g_uq * c_coef.unsqueeze(-1), g_b * (c_coef / sk), g_uk * c_coef.unsqueeze(-1),
             g_beta / sk, g_uv, g_scale)
@@ -657,9 +647,7 @@ def _polar_from_z(z: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
     """``(r, u, ||z||)`` of the point with space coordinates ``sqrt(k) z``: ``r = sqrt(k) asinh ||z||``,
     ``u = z/||z||``."""
     norm = torch.linalg.vector_norm(z, dim=-1)
-    nonzero = norm > 0
-    u = z / torch.where(nonzero, norm, torch.ones_like(norm)).unsqueeze(-1)
-    u[..., 0] = torch.where(nonzero, u[..., 0], torch.ones_like(norm))  # the origin: direction e_0
+    u = _unit_directions(z, norm)  # the origin: direction e_0
     asinh_norm = torch.log1p(norm + norm * norm / (1.0 + torch.sqrt(1.0 + norm * norm)))
     return sqrt_k * asinh_norm, u, norm
 
