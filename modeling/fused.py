@@ -185,13 +185,14 @@ def asinh_sqrt_half(c: Tensor) -> tuple[Tensor, Tensor]:
 def distance_slope(c: Tensor, asinh_s: Tensor, root: Tensor) -> Tensor:
     """``d(D^2)/dc = 2 asinh(s) / (s sqrt(1 + s^2))`` with ``D = 2 asinh(s)``, ``s = sqrt(c/2)``.
 
-    Smooth down to ``c = 0`` (series ``2 (1 - s^2/6 + 3 s^4/40)`` below ``c = 1e-4``).
+    Smooth down to ``c = 0`` (series ``2 (1 - s^2/6 + 3 s^4/40)`` below ``c = 1e-4``; eager, the series
+    is evaluated only when some entry needs it).  Used in hand-derived backward passes (not differentiated).
     """
-    small = c < _SERIES_C
-    s = torch.sqrt(torch.where(small, torch.ones_like(c), 0.5 * c))
     s_sq = 0.5 * c
-    series = 1.0 - s_sq / 6.0 + 0.075 * s_sq * s_sq
-    return 2.0 * torch.where(small, series, asinh_s / s) / root
+    slope = asinh_s / torch.sqrt(s_sq)
+    if torch.compiler.is_compiling() or bool((c < _SERIES_C).any()):
+        slope = torch.where(c < _SERIES_C, 1.0 - s_sq / 6.0 + 0.075 * s_sq * s_sq, slope)
+    return 2.0 * slope / root
 
 
 def centroid_row_gradients(
