@@ -56,15 +56,17 @@ def cpu_kernels_enabled() -> bool:
 KERNEL_MIN_ELEMENTS = 1 << 20  # below this, eager passes stay cache-resident and a compile would not pay off
 
 
-def use_kernels(like: Tensor, training: bool) -> bool:
-    """Compiled kernels for a call: training (backward will run), float32 on the CPU, ``like`` of at least
-    ``KERNEL_MIN_ELEMENTS`` elements, not inside ``torch.compile``.
+def use_kernels(like: Tensor, training: bool, elements: int | None = None) -> bool:
+    """Compiled kernels for a call: training (backward will run), float32 on the CPU, at least
+    ``KERNEL_MIN_ELEMENTS`` elements in the call's largest tensors (``like``, or ``elements`` where those are
+    temporaries, as the attention's pairs), not inside ``torch.compile``.
 
     Inference, float64 and small tensors (the demo, short runs) run the same formulas eagerly: no compile
     latency where it would not be won back (measured: the gains start near one million elements per tensor).
     """
+    size = like.numel() if elements is None else elements
     return (_KERNELS["enabled"] and training and like.device.type == "cpu" and like.dtype == torch.float32
-            and like.numel() >= KERNEL_MIN_ELEMENTS and not torch.compiler.is_compiling())
+            and size >= KERNEL_MIN_ELEMENTS and not torch.compiler.is_compiling())
 
 
 def kernel(fn):
@@ -93,9 +95,9 @@ def _training(*inputs: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
 
 
-def run_maybe_compiled(fn, training: bool, like: Tensor, *args):
+def run_maybe_compiled(fn, training: bool, like: Tensor, *args, elements: int | None = None):
     """``fn(*args)``, through :func:`kernel` where :func:`use_kernels` says so."""
-    return kernel(fn)(*args) if use_kernels(like, training) else fn(*args)
+    return kernel(fn)(*args) if use_kernels(like, training, elements) else fn(*args)
 
 
 class RecomputedFunction(torch.autograd.Function):
@@ -461,7 +463,8 @@ class FusedPolarAttention(torch.autograd.Function):
     def forward(ctx, rq, uq, rk, uk, rv, uv, scale, k, training):  # noqa: D102
         batch, heads, n_q, _ = uq.shape
         rows = _AttentionRows(rq, uq, rk, uk, rv, uv, scale, k)
-        parts = [run_maybe_compiled(_attention_group_forward, training, uq, rows[group])
+        pairs = batch * heads * n_q * uk.shape[2]
+        parts = [run_maybe_compiled(_attention_group_forward, training, uq, rows[group], elements=pairs)
                  for group in _batch_groups(batch, heads * n_q * uk.shape[2])]
         lse, sums, v_norm, u_hat, big_s = (torch.cat(part) for part in zip(*parts))  # (B H, N, ...)
         big_t, big_e = sums[..., 0], sums[..., 1]
@@ -482,7 +485,8 @@ class FusedPolarAttention(torch.autograd.Function):
             slots = slice(group.start * heads, group.stop * heads)
             parts.append(run_maybe_compiled(_attention_group_backward, True, uq, rows[group],
                                             {name: value[slots] for name, value in saved.items()},
-                                            grad_r[group].flatten(0, 1), grad_u[group].flatten(0, 1), ctx.k))
+                                            grad_r[group].flatten(0, 1), grad_u[group].flatten(0, 1), ctx.k,
+                                            elements=batch * heads * n_q * uk.shape[2]))
         grads = [torch.cat(part) for part in zip(*parts)]
         shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
         return (*shaped, grads[-1].view(batch, heads).sum(0), None, None)

@@ -37,6 +37,8 @@ def test_small_tensors_and_inference_do_not_use_the_kernels():
     try:
         assert fused.use_kernels(big, training=True)
         assert not fused.use_kernels(big[:-1], training=True)  # too small to win a compile back
+        assert fused.use_kernels(big[:8], training=True, elements=big.numel())  # counted by its pairs (attention)
+        assert not fused.use_kernels(big[:8], training=True, elements=big.numel() - 1)
         assert not fused.use_kernels(big, training=False)
         assert not fused.use_kernels(big.double(), training=True)
     finally:
