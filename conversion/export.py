@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -103,24 +104,34 @@ def check_finite(model, origin: Path) -> None:
         raise ExportError(f"{origin}: {len(bad)} weight tensors hold NaN/Inf (diverged training?): {bad[:5]}")
 
 
-def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which: str = "last"):
-    """``(model, run_dir)``; ``run_dir`` is the pretraining output dir when there is one."""
+@dataclass(frozen=True)
+class Source:
+    """What is exported: the model, the run folder that made it (run records) and the folder its weights came
+    from (whose ``eval_results.json`` scores exactly those weights)."""
+
+    model: object
+    run_dir: Path | None
+    weights_dir: Path | None
+
+
+def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which: str = "last") -> Source:
+    """The model of ``source`` and where it came from (see the module docstring for the layouts)."""
     import polar_vit_hf as P
 
     if source.is_file():
-        return _from_state_dict(_config(config_spec), _load_weights(source, allow_pickle), source), None
+        return Source(_from_state_dict(_config(config_spec), _load_weights(source, allow_pickle), source), None, None)
     if not source.is_dir():
         raise ExportError(f"{source}: no such file or directory")
     exported = source / ("best_model" if which == "best" else "model")
     if (source / "config.json").exists():
         if any(source.glob("*.safetensors")):  # save_pretrained / Trainer output: may hold run records
-            return _from_folder(source), source
+            return Source(_from_folder(source), source, source)
         pickles = [p for p in source.iterdir() if p.suffix in PICKLE_SUFFIXES]
         if pickles:
             config = P.PolarViTConfig.from_json_file(source / "config.json")
-            return _from_state_dict(config, _load_weights(pickles[0], allow_pickle), pickles[0]), None
+            return Source(_from_state_dict(config, _load_weights(pickles[0], allow_pickle), pickles[0]), None, None)
     if exported.is_dir():
-        return _from_folder(exported), source
+        return Source(_from_folder(exported), source, exported)
     checkpoints = sorted((source / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[-1]))
     checkpoints = [p for p in checkpoints if p.name.split("_")[-1].isdigit()]
     if checkpoints and (source / "recipe.json").exists():
@@ -135,48 +146,62 @@ def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which
         labels = {int(k): v for k, v in json.loads((source / "labels.json").read_text()).items()} \
             if (source / "labels.json").exists() else {i: str(i) for i in range(10)}
         _, config = build_model(recipe, "polar", labels)
-        return _from_state_dict(config, load_file(weights), weights), source
+        return Source(_from_state_dict(config, load_file(weights), weights), source, None)
     raise ExportError(f"{source}: not a save_pretrained/Trainer folder, a pretraining output dir or a weights file")
 
 
-def run_results(run_dir: Path | None, dataset: str | None, split: str):
-    """Evaluation rows: the last accuracy in a pretraining run's ``metrics.csv``, or a fine-tuning
-    run's ``eval_results.json`` (``Trainer.save_metrics``)."""
+def run_results(source: Source, dataset: str | None, split: str):
+    """The evaluation row of the exported weights: the ``eval_results.json`` saved beside them (a fine-tuning
+    run's ``Trainer.save_metrics``; a pretraining run's ``model/`` or ``best_model/``, so ``--which best`` reports
+    the best weights' score), else the last evaluation in a pretraining run's ``metrics.csv``."""
     from polar_vit_hf.model_card import Result
 
-    if run_dir is None:
-        return []
-    if (run_dir / "eval_results.json").exists():
-        metrics = json.loads((run_dir / "eval_results.json").read_text())
+    scores = source.weights_dir / "eval_results.json" if source.weights_dir is not None else None
+    if scores is not None and scores.exists():
+        metrics = json.loads(scores.read_text())
         if "eval_accuracy" not in metrics:
             return []
+        top5 = metrics.get("eval_top_5_accuracy")
         return [Result(dataset or "held-out", split, float(metrics["eval_accuracy"]),
-                       metrics.get("eval_top_5_accuracy"))]
-    if not (run_dir / "metrics.csv").exists():
+                       None if top5 is None else float(top5))]
+    if source.run_dir is None or not (source.run_dir / "metrics.csv").exists():
         return []
-    with open(run_dir / "metrics.csv") as handle:
+    with open(source.run_dir / "metrics.csv") as handle:
         evaluated = [row for row in csv.DictReader(handle) if row.get("eval_accuracy")]
     if not evaluated:
         return []
-    return [Result(dataset or "held-out", split, float(evaluated[-1]["eval_accuracy"]))]
+    top5 = evaluated[-1].get("eval_top5_accuracy")
+    return [Result(dataset or "held-out", split, float(evaluated[-1]["eval_accuracy"]), float(top5) if top5 else None)]
 
 
 def run_dataset(run_dir: Path | None) -> tuple[str | None, str | None]:
-    """``(dataset, split)`` recorded by the pretraining (``recipe.json``) or fine-tuning (``run_info.json``) run."""
+    """``(dataset, evaluated split)`` recorded by the pretraining (``recipe.json``) or fine-tuning
+    (``run_info.json``) run."""
     if run_dir is not None and (run_dir / "recipe.json").exists():
-        return json.loads((run_dir / "recipe.json").read_text())["data"]["dataset"], None
+        data = json.loads((run_dir / "recipe.json").read_text())["data"]
+        return data["dataset"], data.get("eval_split", "test")
     if run_dir is not None and (run_dir / "run_info.json").exists():
         info = json.loads((run_dir / "run_info.json").read_text())
         return info["dataset"], info["eval_split"]
     return None, None
 
 
+def base_model(run_dir: Path | None) -> tuple[str | None, str | None]:
+    """``(Hub id, revision)`` a fine-tuning run started from (``run_info.json``), or ``(None, None)``."""
+    if run_dir is None or not (run_dir / "run_info.json").exists():
+        return None, None
+    info = json.loads((run_dir / "run_info.json").read_text())
+    return info.get("base_model"), info.get("base_model_revision")
+
+
 def training_summary(run_dir: Path | None) -> str:
     if run_dir is not None and (run_dir / "run_info.json").exists():
         info = json.loads((run_dir / "run_info.json").read_text())
+        optimizer = "AdamW" if info.get("arch") == "euclidean" else "Riemannian AdamW"
         return (f"Fine-tuned from `{info['init_from']}` with `training/finetune.py` (transformers `Trainer`, "
-                f"H-CAST recipe) on `{info['dataset']}` at {info['image_size']} px: Riemannian AdamW, lr "
-                f"{info['lr']:.3g}, weight decay {info['weight_decay']}, effective batch {info['effective_batch']}, "
+                f"H-CAST recipe) on `{info['dataset']}` ({info.get('train_split', 'train')} split) at "
+                f"{info['image_size']} px: {optimizer}, lr {info['lr']:.3g}, weight decay {info['weight_decay']}, "
+                f"effective batch {info['effective_batch']} ({info.get('processes', 1)} processes), "
                 f"{info['steps']} steps ({info['warmup_steps']} warm-up, cosine), label smoothing "
                 f"{info['label_smoothing']}, Mixup {info['mixup']} / CutMix {info['cutmix']}, RandAugment "
                 f"`{info['rand_augment']}`, random erasing {info['random_erasing']}, stochastic depth "
@@ -185,9 +210,12 @@ def training_summary(run_dir: Path | None) -> str:
         return "Training details were not recorded with this export."
     recipe = json.loads((run_dir / "recipe.json").read_text())
     optim, data = recipe["optim"], recipe["data"]
+    decay = "decoupled (big_vision)" if optim.get("decoupled_wd") else "coupled (PyTorch AdamW)"
+    clipping = f", gradient clipping at {optim['max_grad_norm']}" if optim.get("max_grad_norm") else ""
     return (f"Trained with `training/pretrain.py` on `{data['dataset']}` at {data['image_size']} px: "
             f"Riemannian AdamW, "
-            f"lr {optim['lr']}, weight decay {optim['weight_decay']}, global batch {optim['batch_size']} "
+            f"lr {optim['lr']}, weight decay {optim['weight_decay']} {decay}{clipping}, global batch "
+            f"{optim['batch_size']} "
             f"x {optim.get('grad_accum', 1)} accumulation, cosine schedule with warm-up, "
             f"{optim.get('max_steps') or str(optim.get('epochs')) + ' epochs'} steps; augmentation "
             f"`{json.dumps(recipe['augment'], sort_keys=True)}`.")
@@ -199,7 +227,8 @@ def export(source: Path, out_dir: Path, repo_id: str | None = None, config_spec:
     import polar_vit_hf as P
     from polar_vit_hf.model_card import render_model_card
 
-    model, run_dir = load_source(source, config_spec, allow_pickle, which)
+    loaded = load_source(source, config_spec, allow_pickle, which)
+    model, run_dir = loaded.model, loaded.run_dir
     check_finite(model, source)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, max_shard_size=max_shard_size)
@@ -208,7 +237,9 @@ def export(source: Path, out_dir: Path, repo_id: str | None = None, config_spec:
     recorded_dataset, recorded_split = run_dataset(run_dir)
     dataset, split = dataset or recorded_dataset, split or recorded_split or "test"
     repo_id = repo_id or f"polar-vit/{out_dir.name}"
-    card = render_model_card(model, repo_id, run_results(run_dir, dataset, split), training_summary(run_dir))
+    base, revision = base_model(run_dir)
+    card = render_model_card(model, repo_id, run_results(loaded, dataset, split), training_summary(run_dir),
+                             base_model=base, base_model_revision=revision)
     card.save(out_dir / "README.md")
     return out_dir
 
@@ -225,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_shard_size", default="2GB")
     parser.add_argument("--which", choices=("last", "best"), default="last")
     parser.add_argument("--dataset", help="dataset name for the card (default: the run's recipe)")
-    parser.add_argument("--split", help="split the recorded accuracy was measured on (default: the run's, or test)")
+    parser.add_argument("--split", help="split the recorded accuracy was measured on (default: the run's evaluated "
+                        "split)")
     args = parser.parse_args(argv)
     out = export(args.source, args.out_dir, args.repo_id, args.config, args.allow_pickle, args.max_shard_size,
                  args.which, args.dataset, args.split)

@@ -143,7 +143,7 @@ def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e
     folder = Path(source if from_hub else target)
     if not from_hub:
         check_export_folder(folder)
-    model = (load_source(source, None, False)[0] if source
+    model = (load_source(source, None, False).model if source
              else P.PolarViTForImageClassification.from_pretrained(folder))
     model.eval()
     processor_from = folder if (folder / "preprocessor_config.json").exists() else str(target)

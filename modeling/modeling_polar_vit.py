@@ -810,9 +810,16 @@ class PolarViTPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["PolarViTEmbeddings", "PolarViTLayer"]
 
     def _init_weights(self, module: nn.Module) -> None:
-        """Every Polar-ViT module sets its own initial values (``init_parameters``, Appendix D.2)."""
+        """Every Polar-ViT module sets its own initial values (``init_parameters``, Appendix D.2); plain
+        ``nn.Linear`` layers inside them (the tangent-linear head) get the truncated normal of
+        ``initializer_range`` and a zero bias.  transformers calls this for every module whose parameters were not
+        loaded (a new head after ``ignore_mismatched_sizes``, a base model loaded as a classifier)."""
         if hasattr(module, "init_parameters"):
             module.init_parameters()
+        elif isinstance(module, nn.Linear):
+            init.trunc_normal_(module.weight, std=self.config.initializer_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """``PreTrainedModel.save_pretrained`` plus the complete ``auto_map`` for remote code.
@@ -996,6 +1003,18 @@ class PolarViTForImageClassification(PolarViTPreTrainedModel):
     def set_arithmetic(self, arithmetic: str) -> None:
         """Switch between polar and ambient arithmetic in place (same parameters)."""
         self.polar_vit.set_arithmetic(arithmetic)
+
+    def reset_classifier(self, id2label: dict[int, str]) -> None:
+        """A new, freshly initialised head for the labels ``id2label`` (fine-tuning on another label set; the
+        config's ``id2label`` / ``label2id`` / ``num_labels`` follow)."""
+        config = self.config
+        config.id2label = {int(k): v for k, v in id2label.items()}
+        config.label2id = {v: k for k, v in config.id2label.items()}
+        self.num_labels = config.num_labels
+        weight = next(self.polar_vit.parameters())
+        self.classifier = HEAD_CLASSES[config.head](config.hidden_size, config.num_labels, config.k,
+                                                    config.initializer_range).to(device=weight.device,
+                                                                                 dtype=weight.dtype)
 
     def forward(
         self,

@@ -38,12 +38,22 @@ def command(name: str) -> Callable[[Callable[[list[str] | None], int]], Callable
             except UserError as error:
                 if debug_requested(args):
                     raise
-                print(f"{name}: error: {error}", file=sys.stderr)
+                print(f"{name}: error: {user_message(error)}", file=sys.stderr)
                 return USER_ERROR_STATUS
 
         return run
 
     return wrap
+
+
+def user_message(error: UserError) -> str:
+    """The message of a user error; one re-raised by a DataLoader worker (``Caught X in DataLoader worker process
+    N. Original Traceback ...``) is reduced to the worker's own message."""
+    text = str(error)
+    if "Original Traceback" not in text:
+        return text
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    return last.split(": ", 1)[1] if last.startswith(f"{type(error).__name__}: ") else last
 
 
 def add_debug_flag(parser) -> None:

@@ -46,8 +46,10 @@ def detect_preset(config) -> str:
 
 
 def render_model_card(model, repo_id: str, results: list[Result], training_summary: str,
-                      datasets: list[str] | None = None, license: str = "apache-2.0") -> ModelCard:
-    """The card of ``model`` (a ``PolarViTForImageClassification``) for the Hub repository ``repo_id``."""
+                      datasets: list[str] | None = None, license: str = "apache-2.0", base_model: str | None = None,
+                      base_model_revision: str | None = None) -> ModelCard:
+    """The card of ``model`` (a ``PolarViTForImageClassification``) for the Hub repository ``repo_id``;
+    ``base_model`` (a Hub id, with its ``revision``) names the checkpoint a fine-tuned model started from."""
     config = model.config
     preset = detect_preset(config)
     num_parameters = sum(p.numel() for p in model.parameters())
@@ -69,6 +71,8 @@ def render_model_card(model, repo_id: str, results: list[Result], training_summa
         metrics=["accuracy"],
         model_name=repo_id.split("/")[-1],
         eval_results=eval_results or None,
+        base_model=base_model,
+        base_model_relation="finetune" if base_model else None,
     )
     with as_file(TEMPLATE) as template_path:
         return ModelCard.from_template(
@@ -82,5 +86,7 @@ def render_model_card(model, repo_id: str, results: list[Result], training_summa
             num_parameters_without_head=without_head,
             results=results,
             training_summary=training_summary,
+            base_model=base_model,
+            base_model_revision=base_model_revision,
             paper_reference=PAPER_REFERENCE.get(preset, "see Tables 1-3 of the paper for the nearest size."),
         )

@@ -40,11 +40,19 @@ def test_export_a_pretraining_run_with_its_model_card(run_dir, tmp_path):
     assert data.library_name == "transformers" and data.pipeline_tag == "image-classification"
     assert data.license == "apache-2.0" and {"hyperbolic", "vision-transformer"} <= set(data.tags)
     assert data.datasets == ["digits"]
-    (result,) = data.eval_results
+    top1, top5 = data.eval_results
     with open(run_dir / "metrics.csv") as handle:
         evaluated = [row for row in csv.DictReader(handle) if row["eval_accuracy"]]
-    assert result.metric_type == "accuracy" and result.dataset_split == "test"
-    assert abs(result.metric_value - float(evaluated[-1]["eval_accuracy"])) < 1e-6
+    assert top1.metric_type == "accuracy" and top5.metric_type == "top_5_accuracy"
+    assert top1.dataset_split == top5.dataset_split == "test"  # the split the run evaluated (recipe eval_split)
+    assert abs(top1.metric_value - float(evaluated[-1]["eval_accuracy"])) < 1e-6
+    assert abs(top5.metric_value - float(evaluated[-1]["eval_top5_accuracy"])) < 1e-6
+    # --which best: the best weights and the score of those weights
+    best = export(run_dir, tmp_path / "best", repo_id="user/best", which="best")
+    scores = json.loads((run_dir / "best_model" / "eval_results.json").read_text())
+    best_top1 = ModelCard.load(best / "README.md").data.eval_results[0]
+    assert best_top1.metric_value == round(scores["eval_accuracy"], 6)
+    assert scores["eval_accuracy"] == max(float(row["eval_accuracy"]) for row in evaluated)
     assert "k = 1.0" in card.text and "trust_remote_code=True" in card.text and "@article" in card.text
 
 

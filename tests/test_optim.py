@@ -136,3 +136,55 @@ def test_invalid_hyper_parameters():
     with pytest.raises(ValueError, match="hyper-parameters"):
         RiemannianAdamW([torch.nn.Parameter(torch.zeros(2))], lr=-1.0)
     assert math.isfinite(1.0)
+
+
+def test_decoupled_decay_is_big_visions_per_step_formula():
+    """big_vision (optax.py): update = -s(t) (lr adam + wd p), so with zero gradients p_t = p_{t-1} (1 - wd s(t)) with
+    s the schedule multiplier; PyTorch's convention decays by lr(t) wd instead.  Manifold points decay to the
+    Lorentzian centroid of {x, o} with weights (1 - c, c), c = wd s(t) (B.7): in ambient coordinates
+    m = (1 - c) x + c o, normalised onto the hyperboloid."""
+    from polar_vit_hf.training.pretrain import cosine_with_warmup
+
+    wd, lr, warmup, total = 0.1, 1e-3, 3, 10
+    weight = torch.nn.Parameter(torch.ones(4, 3, dtype=F64))
+    point = torch.nn.Parameter(G.space(torch.tensor(2.0, dtype=F64), torch.tensor([0.6, 0.8], dtype=F64)))
+    groups = [dict(params=[weight]), dict(params=[point], manifold=True, k=1.0)]
+    opt = RiemannianAdamW(groups, lr=lr, weight_decay=wd, decoupled_wd=True)
+    coupled_weight = torch.nn.Parameter(torch.ones(4, 3, dtype=F64))
+    coupled = RiemannianAdamW([coupled_weight], lr=lr, weight_decay=wd)
+    schedule, coupled_schedule = cosine_with_warmup(opt, warmup, total), cosine_with_warmup(coupled, warmup, total)
+    expected_weight, expected_radius, expected_coupled = 1.0, 2.0, 1.0
+    for _ in range(total):
+        s = opt.param_groups[0]["lr"] / lr  # the schedule multiplier of this step
+        for p in (weight, point, coupled_weight):
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        coupled.step()
+        c = wd * s
+        expected_weight *= 1.0 - c
+        time, space = (1.0 - c) * math.cosh(expected_radius) + c, (1.0 - c) * math.sinh(expected_radius)
+        expected_radius = math.asinh(space / math.sqrt(time**2 - space**2))
+        expected_coupled *= 1.0 - lr * s * wd
+        assert torch.allclose(weight, torch.full_like(weight, expected_weight), rtol=1e-14, atol=0)
+        radius, direction = G.from_space(point.detach())
+        assert abs(float(radius) - expected_radius) < 1e-12
+        assert torch.allclose(direction, torch.tensor([0.6, 0.8], dtype=F64), atol=1e-14)
+        assert torch.allclose(coupled_weight, torch.full_like(weight, expected_coupled), rtol=1e-14, atol=0)
+        schedule.step()
+        coupled_schedule.step()
+    assert expected_weight < 0.6 and expected_coupled > 0.999  # decoupled: 1000x the decay of lr wd at lr 1e-3
+
+
+def test_the_euclidean_baseline_decays_weight_matrices_only():
+    from polar_vit_hf.baselines import euclidean_vit
+    from polar_vit_hf.optim import euclidean_param_groups
+
+    vit = euclidean_vit(P.PolarViTConfig.from_preset("demo"))
+    decayed, plain = euclidean_param_groups(vit, 0.1)
+    names = {id(p): n for n, p in vit.named_parameters()}
+    decayed_names = {names[id(p)] for p in decayed["params"]}
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert all(n.endswith("weight") for n in decayed_names)
+    assert not any("position_embeddings" in n or "cls_token" in n or "layernorm" in n for n in decayed_names)
+    assert "vit.embeddings.patch_embeddings.projection.weight" in decayed_names
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(vit.parameters()))

@@ -169,3 +169,46 @@ def test_a_transformers_vit_checkpoint_starts_the_euclidean_baseline(tmp_path):
     name = "vit.encoder.layer.0.attention.attention.query.weight"
     name = name if name in vit.state_dict() else next(k for k in vit.state_dict() if "query" in k or "q_proj" in k)
     assert torch.equal(trained.state_dict()[name], vit.state_dict()[name])  # lr 0: the loaded weights survive
+
+
+def _console(name: str, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(Path(sys.executable).parent / name), *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def test_pretrain_on_the_imagenet_layout_with_clipping(tmp_path):
+    import json
+
+    from official_layouts import write_imagenet
+
+    write_imagenet(tmp_path / "ilsvrc", devkit="archive")
+    out = tmp_path / "imagenet-run"
+    done = _console("polar-vit-pretrain", "--dataset", "imagenet-1k", "--data_dir", str(tmp_path / "ilsvrc"),
+                    "--set", "data.eval_split=validation", "--max_steps", "2", "--eval_steps", "2", "--save_steps",
+                    "2", "--batch_size", "4", "--max_grad_norm", "1.0", "--output_dir", str(out), "--no_progress")
+    assert "imagenet-1k: train 9 / validation 5 images, 3 classes" in done.stdout
+    labels = json.loads((out / "labels.json").read_text())
+    assert labels == {"0": "tench, Tinca tinca", "1": "goldfish, Carassius auratus",
+                      "2": "great white shark, white shark, man-eater, man-eating shark, Carcharodon carcharias"}
+    with open(out / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert all(float(row["grad_norm"]) > 0 for row in rows) and rows[-1]["eval_top5_accuracy"] == "1.0"
+    scores = json.loads((out / "model" / "eval_results.json").read_text())
+    assert scores["eval_split"] == "validation" and scores["dataset"] == "imagenet-1k"
+
+
+def test_pretrain_streams_webdataset_shards(tmp_path):
+    from official_layouts import write_shards
+
+    write_shards(tmp_path / "shards", "train", shards=2, per_shard=6)
+    write_shards(tmp_path / "shards", "validation", shards=1, per_shard=5)
+    (tmp_path / "shards" / "classes.txt").write_text("tench\ngoldfish\nshark\n")
+    out = tmp_path / "wds-run"
+    pattern = str(tmp_path / "shards" / "imagenet-{train-{0000..0001},validation-0000}.tar")
+    done = _console("polar-vit-pretrain", "--dataset", "webdataset", "--data_dir", pattern, "--streaming",
+                    "--set", "data.eval_split=validation", "--max_steps", "3", "--eval_steps", "3", "--save_steps",
+                    "3", "--batch_size", "4", "--num_workers", "0", "--output_dir", str(out), "--no_progress")
+    assert "webdataset: train ? / validation ? images, 3 classes" in done.stdout
+    assert len(losses(out)) == 3 and (out / "model" / "model.safetensors").exists()

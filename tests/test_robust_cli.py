@@ -223,7 +223,8 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path):
     first = run_pretrain(out, *steps, "--stop_after_steps", "2")
     assert first.returncode == 0, first.stderr[-3000:]
     before = {p.name: p.read_bytes() for p in (out / "checkpoints" / "step_2").iterdir() if p.is_file()}
-    failed = run_pretrain(out, *steps, "--resume", limit_file_size=64 * 1024)
+    # (no loader workers: their shared-memory batches would hit the file-size limit before the checkpoint does)
+    failed = run_pretrain(out, *steps, "--resume", "--num_workers", "0", limit_file_size=64 * 1024)
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
     assert "could not write checkpoint step_4" in failed.stderr and "step_2 is intact" in failed.stderr
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2"]  # no partial folder left

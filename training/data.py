@@ -21,14 +21,17 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from polar_vit_hf.cli import UserError
+
+if TYPE_CHECKING:
+    from polar_vit_hf.training.official_data import DataOptions
 
 # what decoding a broken image raises: PIL.UnidentifiedImageError and truncated files are OSErrors, some
 # decoders raise ValueError / SyntaxError
@@ -41,8 +44,7 @@ SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
 class BadSampleError(UserError):
     """Too many unreadable images: the data set itself is broken."""
 
-HF_ALIASES = {"cifar100": "uoft-cs/cifar100", "cifar10": "uoft-cs/cifar10", "tiny-imagenet": "zh-plus/tiny-imagenet",
-              "imagenet1k": "imagenet-1k"}
+STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a streamed training split
 
 
 def digits_images(image_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
@@ -92,12 +94,46 @@ class ClassificationData:
     id2label: dict[int, str]
 
 
+class BadSampleGuard:
+    """Counts reads and unreadable images of one process: a warning and a line in ``bad_sample_log`` per bad
+    image, :class:`BadSampleError` once more than ``max_bad_fraction`` of the reads failed.  The fraction is judged
+    after ``MIN_READS_FOR_THRESHOLD`` reads in all; each of ``W`` DataLoader workers reads its share of the
+    (shuffled) data and judges its own fraction after ``MIN_READS_FOR_THRESHOLD / W`` reads."""
+
+    def __init__(self, max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, bad_sample_log: Path | None = None):
+        self.max_bad_fraction, self.bad_sample_log = float(max_bad_fraction), bad_sample_log
+        self.reads = self.bad = 0
+
+    @staticmethod
+    def min_reads() -> int:
+        """Reads before this process judges its fraction (its share of ``MIN_READS_FOR_THRESHOLD``)."""
+        worker = torch.utils.data.get_worker_info()
+        return max(1, MIN_READS_FOR_THRESHOLD // (worker.num_workers if worker is not None else 1))
+
+    def read(self) -> None:
+        self.reads += 1
+
+    def skip(self, where: str, error: Exception) -> None:
+        self.bad += 1
+        reason = f"{type(error).__name__}: {error}".replace("\n", " ")
+        warnings.warn(f"skipping an unreadable image ({where}): {reason}", stacklevel=3)
+        if self.bad_sample_log is not None:
+            with open(self.bad_sample_log, "a") as handle:
+                handle.write(f"{where}\t{reason}\n")
+        if self.reads >= self.min_reads() and self.bad > self.max_bad_fraction * self.reads:
+            raise BadSampleError(
+                f"{self.bad} of the last {self.reads} images read could not be decoded (more than "
+                f"{self.max_bad_fraction:.1%}): the data set looks broken. The files are listed in "
+                f"{self.bad_sample_log}; repair or remove them, or allow more with --max_bad_fraction"
+            )
+
+
 class TransformedDataset(Dataset):
     """``(image, label)`` pairs from ``get(index)``, images converted to RGB and passed through ``transform``.
 
     An unreadable image is skipped: the next readable index takes its place (deterministic), a
     warning names it (``describe(index)``, e.g. its path) and a line goes to ``bad_sample_log``
-    when set; :class:`BadSampleError` once more than ``max_bad_fraction`` of the reads failed.
+    when set (:class:`BadSampleGuard`).
     """
 
     def __init__(self, length: int, get: Callable[[int], tuple[Image.Image, int]], transform: Callable,
@@ -106,7 +142,7 @@ class TransformedDataset(Dataset):
         self.length, self.get, self.transform = length, get, transform
         self.describe = describe or (lambda index: f"index {index}")
         self.max_bad_fraction, self.bad_sample_log = float(max_bad_fraction), bad_sample_log
-        self.reads = self.bad = 0  # per process (each DataLoader worker counts its own)
+        self.guard = BadSampleGuard(max_bad_fraction, bad_sample_log)
 
     def with_transform(self, transform: Callable) -> TransformedDataset:
         """The same images through another transform."""
@@ -119,53 +155,101 @@ class TransformedDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         for offset in range(self.length):
             position = (int(index) + offset) % self.length
-            self.reads += 1
+            self.guard.read()
             try:
                 image, label = self.get(position)
                 image = to_rgb(image)
             except BAD_IMAGE_ERRORS as error:
-                self._skip(position, error)
+                self.guard.skip(self.describe(position), error)
                 continue
             return self.transform(image), int(label)
         raise BadSampleError(f"none of the {self.length} images could be read; see {self.bad_sample_log}")
 
-    def _skip(self, position: int, error: Exception) -> None:
-        self.bad += 1
-        where = self.describe(position)
-        reason = f"{type(error).__name__}: {error}".replace("\n", " ")
-        warnings.warn(f"skipping an unreadable image ({where}): {reason}", stacklevel=2)
-        if self.bad_sample_log is not None:
-            with open(self.bad_sample_log, "a") as handle:
-                handle.write(f"{where}\t{reason}\n")
-        if self.reads >= MIN_READS_FOR_THRESHOLD and self.bad > self.max_bad_fraction * self.reads:
-            raise BadSampleError(
-                f"{self.bad} of the last {self.reads} images read could not be decoded (more than "
-                f"{self.max_bad_fraction:.1%}): the data set looks broken. The files are listed in "
-                f"{self.bad_sample_log}; repair or remove them, or allow more with --max_bad_fraction"
-            )
+
+class TransformedStream(IterableDataset):
+    """A streamed split (``datasets.IterableDataset``) as ``(image, label)`` pairs through ``transform``; an
+    unreadable image is skipped (:class:`BadSampleGuard`).  ``set_epoch`` reshuffles the stream's buffer."""
+
+    def __init__(self, table, image_key: str, label_key: str, transform: Callable, name: str,
+                 max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, bad_sample_log: Path | None = None):
+        self.table, self.image_key, self.label_key, self.transform, self.name = (table, image_key, label_key,
+                                                                                 transform, name)
+        self.max_bad_fraction, self.bad_sample_log = float(max_bad_fraction), bad_sample_log
+        self.guard = BadSampleGuard(max_bad_fraction, bad_sample_log)
+
+    def with_transform(self, transform: Callable) -> TransformedStream:
+        """The same stream through another transform."""
+        return TransformedStream(self.table, self.image_key, self.label_key, transform, self.name,
+                                 self.max_bad_fraction, self.bad_sample_log)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.table.set_epoch(epoch)
+
+    def __iter__(self):
+        for position, example in enumerate(self.table):
+            self.guard.read()
+            try:
+                image = to_rgb(example[self.image_key])
+            except BAD_IMAGE_ERRORS as error:
+                self.guard.skip(f"{self.name} stream position {position}", error)
+                continue
+            yield self.transform(image), int(example[self.label_key])
+
+
+RANDAUGMENT_LEVELS = 10  # RandAugment's magnitude scale in the recipes: 0..10 (big_vision, timm's "m10" = the maximum)
+TORCHVISION_RANDAUGMENT_BINS = 31  # torchvision's RandAugment magnitudes run 0..30
+
+
+def randaugment_magnitude(level: float) -> int:
+    """torchvision's RandAugment ``magnitude`` (of 31 bins, 0..30) for a magnitude on the recipes' 0..10 scale:
+    ``level 10`` (big_vision's ``randaug(2, 10)``) is torchvision's maximum, 30."""
+    if not 0 <= level <= RANDAUGMENT_LEVELS:
+        raise ValueError(f"augment.randaugment_magnitude={level} is outside 0..{RANDAUGMENT_LEVELS}")
+    return int(round(level / RANDAUGMENT_LEVELS * (TORCHVISION_RANDAUGMENT_BINS - 1)))
 
 
 def build_transforms(image_size: int, augment: dict[str, Any], train: bool):
-    """torchvision v2 pipeline; images end as float tensors normalised with mean = std = 0.5."""
+    """torchvision v2 pipeline; images end as float tensors normalised with mean = std = 0.5.
+
+    Training: ``random_resized_crop`` (Inception crop of at least ``crop_min_scale`` of the area; default 0.08,
+    0.5 for images of 64 pixels or less) or a resize (then a ``random_crop_padding`` padded random crop),
+    ``horizontal_flip``, ``auto_augment`` (``autoaugment`` with ``autoaugment_policy`` imagenet / cifar10 / svhn,
+    or ``randaugment`` with ``randaugment_ops`` operations of ``randaugment_magnitude`` on the 0..10 scale),
+    ``random_erasing`` (erased areas up to ``random_erasing_max_area``).  Evaluation: with ``eval_resize`` the
+    short side is resized to it and the centre ``image_size`` square cropped (ImageNet's resize-256 /
+    centre-crop-224), else the image is resized to ``image_size`` square.
+    """
     from torchvision.transforms import v2
 
     steps: list = []
     if train and augment.get("random_resized_crop"):
-        steps.append(v2.RandomResizedCrop(image_size, scale=(0.08 if image_size > 64 else 0.5, 1.0), antialias=True))
+        low = float(augment.get("crop_min_scale") or (0.08 if image_size > 64 else 0.5))
+        steps.append(v2.RandomResizedCrop(image_size, scale=(low, 1.0), antialias=True))
+    elif not train and augment.get("eval_resize"):
+        steps += [v2.Resize(int(augment["eval_resize"]), antialias=True), v2.CenterCrop(image_size)]
     else:
         steps.append(v2.Resize((image_size, image_size), antialias=True))
+        if train and augment.get("random_crop_padding"):  # CIFAR's RandomCrop(32, padding=4)
+            steps.append(v2.RandomCrop(image_size, padding=int(augment["random_crop_padding"])))
     if train and augment.get("horizontal_flip"):
         steps.append(v2.RandomHorizontalFlip())
     policy = augment.get("auto_augment") if train else None
     if policy == "autoaugment":
-        steps.append(v2.AutoAugment())
+        name = str(augment.get("autoaugment_policy", "imagenet")).upper()
+        if name not in v2.AutoAugmentPolicy.__members__:
+            raise ValueError(f"augment.autoaugment_policy={name.lower()!r} is not one of "
+                             f"{[m.lower() for m in v2.AutoAugmentPolicy.__members__]}")
+        steps.append(v2.AutoAugment(v2.AutoAugmentPolicy[name]))
     elif policy == "randaugment":
-        steps.append(v2.RandAugment(num_ops=2, magnitude=9))
+        magnitude = randaugment_magnitude(float(augment.get("randaugment_magnitude", RANDAUGMENT_LEVELS)))
+        steps.append(v2.RandAugment(num_ops=int(augment.get("randaugment_ops", 2)), magnitude=magnitude,
+                                    num_magnitude_bins=TORCHVISION_RANDAUGMENT_BINS))
     elif policy:
         raise ValueError(f"augment.auto_augment={policy!r} is not one of null, 'autoaugment', 'randaugment'")
     steps += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
     if train and float(augment.get("random_erasing", 0.0)) > 0:
-        steps.append(v2.RandomErasing(p=float(augment["random_erasing"])))
+        largest = float(augment.get("random_erasing_max_area", 0.33))  # torchvision's default scale (0.02, 0.33)
+        steps.append(v2.RandomErasing(p=float(augment["random_erasing"]), scale=(0.02, largest)))
     return v2.Compose(steps)
 
 
@@ -213,80 +297,108 @@ def _digits(image_size: int, train_split: str = "train", eval_split: str = "test
     return split(splits[train_split]), split(splits[eval_split]), {i: str(i) for i in range(10)}
 
 
-def _load_hf(name: str, data_dir: str | None):
-    """``datasets.load_dataset`` with the user's mistakes turned into :class:`UserError`."""
-    import datasets
-    from datasets.exceptions import DatasetNotFoundError
-
-    if name == "imagefolder":
-        if not data_dir:
-            raise UserError("dataset 'imagefolder' needs --data_dir DIR (layout: DIR/<split>/<label>/<image>)")
-        if not Path(data_dir).is_dir():
-            raise UserError(f"--data_dir {data_dir}: no such directory "
-                            f"(an imagefolder is DIR/<split>/<label>/<image>)")
-        try:
-            return datasets.load_dataset("imagefolder", data_dir=data_dir)
-        except FileNotFoundError as error:  # EmptyDatasetError is one
-            raise UserError(f"--data_dir {data_dir}: no images found ({error}); expected "
-                            f"DIR/<split>/<label>/<image>") from None
-    repo = HF_ALIASES.get(name, name)
-    try:
-        return datasets.load_dataset(repo, data_dir=data_dir)
-    except (ConnectionError, DatasetNotFoundError, FileNotFoundError) as error:
-        raise UserError(
-            f"dataset {repo!r} could not be loaded ({type(error).__name__}: {str(error).splitlines()[0]}): it is "
-            f"not in the local cache and the Hub is not reachable (offline?). Download it once with network "
-            f"access, or train on local images with --dataset imagefolder --data_dir DIR"
-        ) from None
-
-
-def _hf(name: str, loaded, train_split: str, eval_split: str) -> tuple[_Split, _Split, dict]:
-    """The two splits of a loaded ``datasets.DatasetDict`` with an ``Image`` and a ``ClassLabel`` column."""
-    import datasets
+def _hf(name: str, loaded, train_split: str, eval_split: str, label_column: str | None = None,
+        ) -> tuple[_Split | IterableDataset, _Split | IterableDataset, dict[int, str]]:
+    """The two splits of a loaded ``datasets.DatasetDict`` (or a streamed ``IterableDatasetDict``): the image
+    and label columns chosen by name (:func:`official_data.image_column`, :func:`official_data.label_column`)."""
+    from polar_vit_hf.training.official_data import image_column, label_column as choose_label
 
     for split in (train_split, eval_split):
         if split not in loaded:
             raise UserError(f"dataset {name!r} has no split {split!r}; it has {sorted(loaded)} "
                             f"(choose with --train_split / --eval_split)")
     features = loaded[train_split].features
-    image_key = next((k for k, f in features.items() if isinstance(f, datasets.Image)), None)
-    label_key = next((k for k, f in features.items() if isinstance(f, datasets.ClassLabel)), None)
-    if image_key is None or label_key is None:
-        raise UserError(f"dataset {name!r} needs an Image and a ClassLabel column, it has {dict(features)}")
+    if features is None:
+        raise UserError(f"dataset {name!r}: its streamed features are unknown, so the image and label columns "
+                        f"cannot be chosen; load it without --streaming once to cache its metadata")
+    image_key, label_key = image_column(features, name), choose_label(features, name, label_column)
     names = features[label_key].names
 
-    def split(name_: str) -> _Split:
+    def split(name_: str) -> _Split | IterableDataset:
         table = loaded[name_]
-        undecoded = table.cast_column(image_key, datasets.Image(decode=False))
+        if not hasattr(table, "__len__"):  # streamed
+            return StreamedSplit(table, image_key, label_key, name_)
+        paths = _image_paths(table, image_key)
 
         def describe(i: int) -> str:
-            path = undecoded[i][image_key].get("path")
-            return f"{name_}[{i}]" + (f" {path}" if path else "")
+            return f"{name_}[{i}]" + (f" {paths[i]}" if paths[i] else "")
 
         return _Split(lambda i: (table[i][image_key], table[i][label_key]), describe, len(table))
 
     return split(train_split), split(eval_split), dict(enumerate(names))
 
 
+def _image_paths(table, image_key: str) -> list[str | None]:
+    """The file behind every image of a split (for messages), read without decoding."""
+    import datasets
+
+    undecoded = table.with_format(None).cast_column(image_key, datasets.Image(decode=False))
+    return [item.get("path") if isinstance(item, dict) else None for item in undecoded[image_key]]
+
+
+@dataclass
+class StreamedSplit:
+    """A streamed split: ``(image, label)`` pairs in the stream's order (:class:`TransformedStream`)."""
+
+    table: Any
+    image_key: str
+    label_key: str
+    name: str
+
+
 def build_data(dataset: str, image_size: int, augment: dict[str, Any], data_dir: str | None = None,
                train_split: str = "train", eval_split: str = "test",
                max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, bad_sample_log: Path | None = None,
+               options: DataOptions | None = None, label_column: str | None = None, seed: int = 0,
                ) -> ClassificationData:
-    """Train and held-out datasets with their transforms, and ``id2label``."""
+    """Train and held-out datasets with their transforms, and ``id2label``.
+
+    ``dataset`` is ``digits``, ``fashion_mnist``, ``webdataset``, an official layout under ``data_dir``
+    (``cub``, ``aircraft``, ``imagenet-1k``: :mod:`official_data`) or a Hub name / alias; ``options`` carries
+    the dataset flags (annotation level, banner, bounding-box crop, streaming).  A streamed training split is
+    shuffled with ``seed`` in a buffer (deterministic for a given seed and stream).
+    """
+    from polar_vit_hf.training.official_data import DataOptions, load, summary
+
+    options = options or DataOptions(dataset, data_dir)
     if dataset == "digits":
         train, held_out, id2label = _digits(image_size, train_split, eval_split)
     elif dataset in ("fashion_mnist", "fashion-mnist"):
         from polar_vit_hf.training.fashion_mnist import load_fashion_mnist
 
         train, held_out, id2label = _hf(dataset, load_fashion_mnist(data_dir), train_split, eval_split)
+    elif dataset == "imagefolder":
+        train, held_out, id2label = _hf(dataset, _imagefolder(data_dir), train_split, eval_split, label_column)
     else:
-        train, held_out, id2label = _hf(dataset, _load_hf(dataset, data_dir), train_split, eval_split)
+        loaded = load(options)
+        print(summary(dataset, loaded), flush=True)
+        train, held_out, id2label = _hf(dataset, loaded, train_split, eval_split, label_column)
 
-    def wrap(split: _Split, is_train: bool) -> TransformedDataset:
-        return TransformedDataset(split.length, split.get, build_transforms(image_size, augment, train=is_train),
-                                  split.describe, max_bad_fraction, bad_sample_log)
+    def wrap(split: _Split | StreamedSplit, is_train: bool) -> Dataset:
+        transform = build_transforms(image_size, augment, train=is_train)
+        if isinstance(split, StreamedSplit):
+            table = split.table.shuffle(seed=seed, buffer_size=STREAM_SHUFFLE_BUFFER) if is_train else split.table
+            return TransformedStream(table, split.image_key, split.label_key, transform, split.name,
+                                     max_bad_fraction, bad_sample_log)
+        return TransformedDataset(split.length, split.get, transform, split.describe, max_bad_fraction,
+                                  bad_sample_log)
 
     return ClassificationData(wrap(train, True), wrap(held_out, False), id2label)
+
+
+def _imagefolder(data_dir: str | None):
+    """``datasets.load_dataset("imagefolder")`` with the user's mistakes turned into :class:`UserError`."""
+    import datasets
+
+    if not data_dir:
+        raise UserError("dataset 'imagefolder' needs --data_dir DIR (layout: DIR/<split>/<label>/<image>)")
+    if not Path(data_dir).is_dir():
+        raise UserError(f"--data_dir {data_dir}: no such directory (an imagefolder is DIR/<split>/<label>/<image>)")
+    try:
+        return datasets.load_dataset("imagefolder", data_dir=data_dir)
+    except FileNotFoundError as error:  # EmptyDatasetError is one
+        raise UserError(f"--data_dir {data_dir}: no images found ({error}); expected "
+                        f"DIR/<split>/<label>/<image>") from None
 
 
 def unique_bad_samples(log: Path) -> list[str]:

@@ -29,6 +29,7 @@ import argparse
 import csv
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -44,10 +45,14 @@ from torch.utils.data import DataLoader
 from polar_vit_hf.cli import UserError, add_debug_flag, command
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
-CSV_FIELDS = ["step", "epoch", "loss", "lr", "eval_accuracy", "skipped"]
+CSV_FIELDS = ["step", "epoch", "loss", "lr", "grad_norm", "eval_accuracy", "eval_top5_accuracy", "skipped"]
 # keys a recipe section may hold besides those of the shipped recipes (read with defaults)
-OPTIONAL_RECIPE_KEYS = {"model": {"calibrate_radius", "calibrate_images"}, "data": {"train_split", "eval_split"},
-                        "optim": {"epochs", "warmup_epochs", "warmup_steps", "max_steps", "eval_steps", "save_steps"}}
+OPTIONAL_RECIPE_KEYS = {"model": {"calibrate_radius", "calibrate_images"},
+                        "data": {"train_split", "eval_split", "label_column"},
+                        "augment": {"crop_min_scale", "eval_resize", "randaugment_ops", "randaugment_magnitude",
+                                    "random_crop_padding", "autoaugment_policy", "random_erasing_max_area"},
+                        "optim": {"epochs", "warmup_epochs", "warmup_steps", "max_steps", "eval_steps", "save_steps",
+                                  "decoupled_wd", "max_grad_norm"}}
 
 
 class CheckpointError(UserError):
@@ -70,13 +75,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop_after_steps", type=int, help="exit cleanly right after the checkpoint at this step")
     parser.add_argument("--resume", nargs="?", const="latest",
                         help="continue from the newest (or the given) checkpoint")
-    parser.add_argument("--dataset", help="HF dataset name, 'imagefolder' or 'digits'")
-    parser.add_argument("--data_dir")
+    parser.add_argument("--dataset", help="imagenet-1k / cub / aircraft (official layout with --data_dir), "
+                        "webdataset, a Hub name, 'imagefolder' or 'digits'")
+    parser.add_argument("--data_dir", help="the dataset's folder (official layout), or the webdataset shard pattern")
+    parser.add_argument("--label_column", help="the ClassLabel column to train on (default: the dataset's fine label)")
+    parser.add_argument("--label_names", help="webdataset: a file of class names, one per line")
+    parser.add_argument("--annotation", default="variant", help="FGVC-Aircraft level: variant, family or manufacturer")
+    parser.add_argument("--keep_banner", action="store_true", help="FGVC-Aircraft: keep the 20-pixel banner")
+    parser.add_argument("--crop_to_bbox", action="store_true", help="CUB: crop every image to its bounding box")
+    parser.add_argument("--streaming", action="store_true",
+                        help="stream the dataset (Hub or webdataset) instead of preparing it on disk first")
     parser.add_argument("--batch_size", type=int, help="global batch size (split across processes)")
     parser.add_argument("--grad_accum", type=int)
     parser.add_argument("--lr", type=float)
-    parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"))
-    parser.add_argument("--num_workers", type=int, default=0)
+    parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"),
+                        help="overrides `accelerate launch --mixed_precision`, which overrides the recipe")
+    parser.add_argument("--max_grad_norm", type=float, help="clip the global gradient norm (overrides the recipe)")
+    parser.add_argument("--tf32", action="store_true", help="TF32 matrix products on Ampere or newer GPUs")
+    parser.add_argument("--num_workers", type=int, default=min(8, os.cpu_count() or 1),
+                        help="data loader worker processes (default: min(8, CPUs))")
     parser.add_argument("--init_from", help="start from pretrained weights: a Polar-ViT folder, or for --arch "
                         "euclidean a transformers ViTForImageClassification folder / Hub id (the head is "
                         "re-initialised when the labels differ)")
@@ -120,11 +137,11 @@ def apply_overrides(recipe: dict, args: argparse.Namespace) -> dict:
     for key, section, value in (("max_steps", "optim", args.max_steps), ("save_steps", "optim", args.save_steps),
                                 ("eval_steps", "optim", args.eval_steps), ("batch_size", "optim", args.batch_size),
                                 ("grad_accum", "optim", args.grad_accum), ("lr", "optim", args.lr),
-                                ("dataset", "data", args.dataset)):
+                                ("max_grad_norm", "optim", args.max_grad_norm), ("dataset", "data", args.dataset),
+                                ("label_column", "data", args.label_column)):
         if value is not None:
             recipe[section][key] = value
-    if args.mixed_precision:
-        recipe["mixed_precision"] = args.mixed_precision
+    recipe["mixed_precision"] = mixed_precision(args.mixed_precision, recipe.get("mixed_precision", "no"))
     for item in args.set:
         dotted, equals, raw = item.partition("=")
         section, _, key = dotted.partition(".")
@@ -139,6 +156,12 @@ def apply_overrides(recipe: dict, args: argparse.Namespace) -> dict:
         except yaml.YAMLError as error:
             raise UserError(f"--set {item!r}: the value is not valid YAML ({error})") from None
     return recipe
+
+
+def mixed_precision(flag: str | None, recipe: str) -> str:
+    """``--mixed_precision``, else ``accelerate launch --mixed_precision`` (``ACCELERATE_MIXED_PRECISION``), else
+    the recipe's: the command line wins."""
+    return flag or os.environ.get("ACCELERATE_MIXED_PRECISION") or recipe or "no"
 
 
 def build_model(recipe: dict, arch: str, id2label: dict[int, str], init_from: str | None = None):
@@ -172,8 +195,11 @@ def calibrate(model, recipe: dict, arch: str, train, accelerator: Accelerator) -
         return
     from polar_vit_hf.training.calibration import calibrate_radii
 
-    count = min(int(recipe["model"].get("calibrate_images", 32)), len(train))
-    pixels = torch.stack([train[i][0] for i in range(count)])
+    wanted = int(recipe["model"].get("calibrate_images", 32))
+    items = ([train[i] for i in range(min(wanted, len(train)))] if hasattr(train, "__len__")
+             else list(itertools.islice(iter(train), wanted)))  # a streamed split: its first images
+    count = len(items)
+    pixels = torch.stack([item[0] for item in items])
     before = calibrate_radii(model, pixels, float(radius))
     spread = [r for radii in before.values() for r in radii]
     accelerator.print(f"calibrated {len(before)} Polar-FC layers on {count} images: median output radius "
@@ -181,15 +207,18 @@ def calibrate(model, recipe: dict, arch: str, train, accelerator: Accelerator) -
 
 
 def build_optimizer(model, arch: str, optim: dict) -> torch.optim.Optimizer:
-    from polar_vit_hf.optim import RiemannianAdamW, param_groups
+    """Riemannian AdamW (Polar-ViT) or AdamW on weight matrices (the Euclidean ViT), with the recipe's decay
+    convention: ``decoupled_wd`` is big_vision's ``p -= wd s(t) p``; PyTorch's AdamW gets it as
+    ``weight_decay = wd / lr`` (:mod:`polar_vit_hf.optim`)."""
+    from polar_vit_hf.optim import RiemannianAdamW, euclidean_param_groups, param_groups
 
     betas = tuple(optim.get("betas", (0.9, 0.999)))
+    decoupled = bool(optim.get("decoupled_wd", False))
     if arch == "polar":
-        return RiemannianAdamW(param_groups(model, optim["weight_decay"]), lr=optim["lr"], betas=betas)
-    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
-    rest = [p for n, p in model.named_parameters() if p.dim() <= 1]
-    return torch.optim.AdamW([dict(params=decay, weight_decay=optim["weight_decay"]),
-                              dict(params=rest, weight_decay=0.0)], lr=optim["lr"], betas=betas)
+        return RiemannianAdamW(param_groups(model, optim["weight_decay"]), lr=optim["lr"], betas=betas,
+                               decoupled_wd=decoupled)
+    weight_decay = optim["weight_decay"] / optim["lr"] if decoupled and optim["lr"] > 0 else optim["weight_decay"]
+    return torch.optim.AdamW(euclidean_param_groups(model, weight_decay), lr=optim["lr"], betas=betas)
 
 
 def total_steps(optim: dict, steps_per_epoch: int) -> tuple[int, int]:
@@ -331,17 +360,21 @@ def prepare_output_dir(output_dir: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, loader, accelerator: Accelerator) -> float:
+def evaluate(model, loader, accelerator: Accelerator) -> tuple[float, float]:
+    """``(top-1, top-5)`` accuracy over the held-out split, every image counted once on any number of processes
+    (``gather_for_metrics`` drops the samples the last batch repeats)."""
     model.eval()
-    correct = torch.zeros((), device=accelerator.device)
+    correct = torch.zeros(2, device=accelerator.device)
     total = torch.zeros((), device=accelerator.device)
     for pixel_values, labels in loader:
-        predictions = model(pixel_values=pixel_values).logits.argmax(-1)
-        predictions, labels = accelerator.gather_for_metrics((predictions, labels))
-        correct += (predictions == labels).sum()
+        logits = model(pixel_values=pixel_values).logits
+        top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+        top, labels = accelerator.gather_for_metrics((top, labels))
+        hits = top == labels.unsqueeze(-1)
+        correct += torch.stack([hits[:, 0].sum(), hits.any(-1).sum()]).to(correct.dtype)
         total += labels.numel()
     model.train()
-    return float(correct / total)
+    return float(correct[0] / total), float(correct[1] / total)
 
 
 def write_metrics(path: Path, rows: list[dict]) -> None:
@@ -397,22 +430,33 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume to continue "
                         f"or choose another --output_dir")
     set_seed(args.seed)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     from polar_vit_hf.training.data import build_data, build_mixup, unique_bad_samples
+    from polar_vit_hf.training.official_data import DataOptions
 
     bad_log = output_dir / "bad_samples.txt"
-    data = build_data(recipe["data"]["dataset"], recipe["data"]["image_size"], recipe["augment"], args.data_dir,
-                      recipe["data"].get("train_split", "train"), recipe["data"].get("eval_split", "test"),
-                      args.max_bad_fraction, bad_log)
+    options = DataOptions(recipe["data"]["dataset"], args.data_dir, annotation=args.annotation,
+                          keep_banner=args.keep_banner, crop_to_bbox=args.crop_to_bbox, label_names=args.label_names,
+                          streaming=args.streaming)
+    with accelerator.main_process_first():  # the main process prepares the datasets cache first
+        data = build_data(recipe["data"]["dataset"], recipe["data"]["image_size"], recipe["augment"], args.data_dir,
+                          recipe["data"].get("train_split", "train"), recipe["data"].get("eval_split", "test"),
+                          args.max_bad_fraction, bad_log, options=options,
+                          label_column=recipe["data"].get("label_column"), seed=args.seed)
     model, config = build_model(recipe, args.arch, data.id2label, args.init_from)
     calibrate(model, recipe, args.arch, data.train, accelerator)
     optimizer = build_optimizer(model, args.arch, optim)
     batch = int(optim["batch_size"])
     if batch % accelerator.num_processes:
         raise UserError(f"batch_size={batch} must be divisible by the {accelerator.num_processes} processes")
-    train_loader = DataLoader(data.train, batch_size=batch, shuffle=True, drop_last=True,
-                              num_workers=args.num_workers)
-    eval_loader = DataLoader(data.eval, batch_size=batch, shuffle=False, num_workers=args.num_workers)
-    steps_per_epoch = len(train_loader) // accelerator.gradient_accumulation_steps
+    streamed = isinstance(data.train, torch.utils.data.IterableDataset)
+    loading = loader_options(args.num_workers, accelerator.device)
+    train_loader = DataLoader(data.train, batch_size=batch, shuffle=not streamed, drop_last=True, **loading)
+    eval_loader = DataLoader(data.eval, batch_size=batch, shuffle=False, **loading)
+    if streamed and not optim.get("max_steps"):
+        raise UserError("a streamed training split has no known length: give --max_steps (or optim.max_steps)")
+    steps_per_epoch = 0 if streamed else len(train_loader) // accelerator.gradient_accumulation_steps
     max_steps, warmup = total_steps(optim, steps_per_epoch)
     scheduler = cosine_with_warmup(optimizer, warmup, max_steps)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
@@ -462,12 +506,16 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     loss = criterion(model(pixel_values=pixel_values).logits, labels)
                 accelerator.backward(loss)
-                skipped = False
+                skipped, grad_norm = False, ""
                 if accelerator.sync_gradients:
                     # a non-finite loss, gradient or update never reaches the weights (the same decision on every
                     # process: gradients are all-reduced, the loss is gathered)
                     loss_finite = bool(torch.isfinite(accelerator.gather(loss.detach().reshape(1))).all())
-                    skipped = not (loss_finite and gradients_finite(model) and guarded_step(optimizer, model))
+                    finite = loss_finite and gradients_finite(model)
+                    if finite and optim.get("max_grad_norm"):  # the global norm, clipped (big_vision's 1.0)
+                        limit = float(optim["max_grad_norm"])
+                        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), limit))
+                    skipped = not (finite and guarded_step(optimizer, model))
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
             state["batch_in_epoch"] += 1
@@ -477,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             step = state["step"]
             mean_loss = float(accelerator.gather(loss.detach().reshape(1)).mean())
             row = dict(step=step, epoch=state["epoch"], loss=mean_loss, lr=scheduler.get_last_lr()[0],
-                       eval_accuracy="", skipped=int(skipped))
+                       grad_norm=grad_norm, eval_accuracy="", eval_top5_accuracy="", skipped=int(skipped))
             state["nonfinite_in_a_row"] = state.get("nonfinite_in_a_row", 0) + 1 if skipped else 0
             if skipped:
                 accelerator.print(f"step {step}: non-finite loss, gradient or update (loss {mean_loss}); skipped")
@@ -490,13 +538,15 @@ def main(argv: list[str] | None = None) -> int:
                         f"them. Lower the learning rate (--lr) or check the data, then --resume from the last "
                         f"checkpoint")
             if step % int(optim.get("eval_steps", max_steps)) == 0 or step == max_steps:
-                accuracy = evaluate(model, eval_loader, accelerator)
-                row["eval_accuracy"] = accuracy
+                accuracy, top5 = evaluate(model, eval_loader, accelerator)
+                row["eval_accuracy"], row["eval_top5_accuracy"] = accuracy, top5
                 if state["best_accuracy"] is None or accuracy > state["best_accuracy"]:
                     state["best_accuracy"] = accuracy
                     if accelerator.is_main_process:
+                        scores = eval_results(accuracy, top5, recipe, step)
                         write_or_stop("the best model", output_dir, functools.partial(
-                            accelerator.unwrap_model(model).save_pretrained, output_dir / "best_model"))
+                            save_model, accelerator.unwrap_model(model), output_dir / "best_model", scores))
+                state["last_eval"] = eval_results(accuracy, top5, recipe, step)
             rows.append(row)
             accelerator.log({k: v for k, v in row.items() if v != "" and k != "step"}, step=step)
             progress.update(1)
@@ -527,17 +577,40 @@ def main(argv: list[str] | None = None) -> int:
         if not stop:
             final = accelerator.unwrap_model(model)
             check_finite_weights(final, "the final model")
-            write_or_stop("the final model", output_dir, lambda: final.save_pretrained(output_dir / "model"))
+            write_or_stop("the final model", output_dir,
+                          lambda: save_model(final, output_dir / "model", state.get("last_eval")))
             for folder in (output_dir / "model", output_dir / "best_model"):
                 if folder.exists():
-                    _save_processor(folder, recipe["data"]["image_size"], args.arch)
-            accelerator.print(f"final held-out accuracy {rows[-1]['eval_accuracy']}; model in {output_dir / 'model'}")
+                    save_processor(folder, recipe["data"]["image_size"], args.arch)
+            accelerator.print(f"final held-out accuracy top-1 {rows[-1]['eval_accuracy']}, top-5 "
+                              f"{rows[-1]['eval_top5_accuracy']}; model in {output_dir / 'model'}")
     accelerator.wait_for_everyone()
     accelerator.end_training()  # also tears down the process group
     return 0
 
 
-def _save_processor(folder: Path, image_size: int, arch: str) -> None:
+def loader_options(num_workers: int, device: torch.device) -> dict:
+    """DataLoader settings that keep a GPU fed: worker processes kept alive across epochs, four batches prefetched
+    per worker, pinned memory for CUDA copies."""
+    workers = max(0, int(num_workers))
+    return dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+                prefetch_factor=4 if workers else None)
+
+
+def eval_results(top1: float, top5: float, recipe: dict, step: int) -> dict:
+    """The held-out scores saved beside a model (``eval_results.json``: what its model card reports)."""
+    return {"eval_accuracy": top1, "eval_top_5_accuracy": top5, "eval_split": recipe["data"].get("eval_split", "test"),
+            "dataset": recipe["data"]["dataset"], "step": step}
+
+
+def save_model(model, folder: Path, scores: dict | None) -> None:
+    """``save_pretrained`` and, when the model was evaluated, its scores as ``eval_results.json``."""
+    model.save_pretrained(folder)
+    if scores is not None:
+        (folder / "eval_results.json").write_text(json.dumps(scores, indent=2))
+
+
+def save_processor(folder: Path, image_size: int, arch: str) -> None:
     """The image processor that loads with the exported model (ViT's own for ``--arch euclidean``)."""
     from transformers import ViTImageProcessor
 
