@@ -5,7 +5,7 @@ Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repe
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic, Polar-ViT in polar arithmetic
 with the reference layers (``fused_ops=False``: geometry functions differentiated by autograd, eager
-attention), with the fused layers (``fused_ops=True``, the default: ``modeling/fused.py``, with its
+attention), with the fused layers (``fused_ops=True``, the default: ``FusedPolarOps``, with its
 compiled CPU kernels), fused without the compiled kernels (``polar-eager``) and fused with the chunked
 attention core.
 
@@ -41,7 +41,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import polar_vit_hf as P
     from polar_vit_hf.baselines import euclidean_vit
-    from polar_vit_hf.modeling.fused import set_cpu_kernels
+    from polar_vit_hf.modeling.cpu_kernels import set_cpu_kernels
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

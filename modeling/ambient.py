@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .geometry import Curvature, _check_axis, _sqrt_k, beta_coefficient
+from .geometry import beta_coefficient
+from .validation import Curvature, _check_axis, _sqrt_k
 
 __all__ = [
     "beta_concat",

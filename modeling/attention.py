@@ -5,7 +5,7 @@
 (``scale = gamma / tau`` of Eq. 9) and the output is the polar centroid of the values with the
 softmax weights.  The implementations live in a registry keyed by ``config.polar_attn_implementation``
 (:class:`PolarAttentionInterface`, like transformers' ``AttentionInterface``): ``eager`` (the
-reference), ``fused`` (one block, :mod:`fused`), ``chunked`` (key blocks with an online softmax) and
+reference), ``fused`` (one block, :mod:`fused_attention`), ``chunked`` (key blocks with an online softmax) and
 ``triton`` (CUDA kernels); ``PolarAttentionInterface.register(name, function)`` adds one.
 """
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Union
+from typing import Any, Union
 
 import torch
 from torch import Tensor
 from transformers.utils.generic import GeneralInterface
 
-from .fused import fused_polar_attention, row_gradients
+from .fused_attention import fused_polar_attention, row_gradients
 from .geometry import (
     asinhc_half,
     centroid,
@@ -31,11 +31,10 @@ from .geometry import (
     safe_normalize,
     sq_distance_from_c,
 )
+from .runtime import runtime_options
 from .triton_attention import TRITON_AVAILABLE, triton_polar_attention
 
 DEFAULT_BLOCK = 128
-# ``auto`` on CPU: sequences at least this long use the chunked path (measured: benchmarks/attention.py)
-CHUNKED_MIN_TOKENS = 1024
 
 Scale = Union[float, Tensor]
 
@@ -111,7 +110,8 @@ class _ChunkedPolarAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, rq, uq, rk, uk, rv, uv, scale, k, block):  # noqa: D102
+    def forward(ctx: Any, rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor,  # noqa: D102
+                scale: Tensor, k: float, block: int) -> tuple[Tensor, Tensor]:
         sk = math.sqrt(k)
         a_q, a_k, b_v = rq / sk, rk / sk, rv / sk
         scale_v = scale.view(1, -1, 1, 1)
@@ -147,7 +147,7 @@ class _ChunkedPolarAttention(torch.autograd.Function):
         return sk * a_mu, u_hat
 
     @staticmethod
-    def backward(ctx, grad_r, grad_u):  # noqa: D102
+    def backward(ctx: Any, grad_r: Tensor, grad_u: Tensor) -> tuple:  # noqa: D102
         rq, uq, rk, uk, rv, uv, scale, stats, a_mu, u_hat = ctx.saved_tensors
         k, block = ctx.k, ctx.block
         sk = math.sqrt(k)
@@ -158,7 +158,7 @@ class _ChunkedPolarAttention(torch.autograd.Function):
         sinh_b, cosh_b, exp_b = torch.sinh(b_v), torch.cosh(b_v), torch.exp(-b_v)
         sinh_a = torch.sinh(a_q)
 
-        def tile(blk: slice):
+        def tile(blk: slice) -> tuple[Tensor, ...]:
             """Recompute one key block: probabilities and dL/dp (``g_S = g_E`` by Eq. 22)."""
             c, chord_qk = _haversine_block(a_q, uq, a_k[:, :, blk], uk[:, :, blk])
             d2 = sq_distance_from_c(c, k)
@@ -171,7 +171,7 @@ class _ChunkedPolarAttention(torch.autograd.Function):
 
         blocks = [slice(start, start + block) for start in range(0, uk.shape[2], block)]
         # pass 1: the softmax row constant sum_j p_ij dL/dp_ij from the very values pass 2 uses
-        row_dot = sum((t[3] * t[9]).sum(-1) for t in map(tile, blocks))
+        row_dot = sum(((t[3] * t[9]).sum(-1) for t in map(tile, blocks)), torch.zeros_like(m))
         grads = {name: torch.zeros_like(t) for name, t in (("a_q", a_q), ("uq", uq), ("a_k", a_k), ("uk", uk),
                                                              ("b_v", b_v), ("uv", uv))}
         g_scale = torch.zeros_like(scale)
@@ -214,19 +214,19 @@ def chunked_polar_attention(
     return _ChunkedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale_h, float(k), int(block))
 
 
-def _eager(rq, uq, rk, uk, rv, uv, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, Tensor]:
+def _eager(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, Tensor]:
     return eager_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k)
 
 
-def _fused(rq, uq, rk, uk, rv, uv, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
+def _fused(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
     return (*fused_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k), None)
 
 
-def _chunked(rq, uq, rk, uk, rv, uv, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
+def _chunked(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
     return (*chunked_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k), None)
 
 
-def _triton(rq, uq, rk, uk, rv, uv, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
+def _triton(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
     return (*triton_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k), None)
 
 
@@ -246,14 +246,15 @@ IMPLEMENTATIONS = tuple(POLAR_ATTENTION_FUNCTIONS)
 
 
 def select_implementation(
-    requested: str, output_attentions: bool, device: torch.device, num_tokens: int, fused: bool = True
+    requested: str, output_attentions: bool, device: torch.device, num_tokens: int, fallback: str = "eager"
 ) -> str:
     """The implementation ``polar_attn_implementation`` resolves to.
 
-    ``auto``: eager when attention probabilities are requested, Triton on CUDA (when available),
-    chunked on other devices for sequences of at least ``CHUNKED_MIN_TOKENS`` tokens, and below
-    that the single-block fused function (``fused=True``, i.e. ``config.fused_ops``) or the eager
-    reference.  An explicit choice is kept, except that probabilities always need eager.
+    ``auto``: eager when attention probabilities are requested, Triton on CUDA (when available), chunked on other
+    devices for sequences of at least ``chunked_min_tokens`` tokens (:class:`runtime.RuntimeOptions`; measured:
+    ``benchmarks/attention.py``), and below that ``fallback`` (the strategy's single-block core: ``fused`` for
+    :class:`manifold_ops.FusedPolarOps`, ``eager`` for the reference).  An explicit choice is kept, except that
+    probabilities always need eager.
     """
     if output_attentions:
         return "eager"
@@ -261,9 +262,9 @@ def select_implementation(
         return requested
     if device.type == "cuda" and TRITON_AVAILABLE:
         return "triton"
-    if num_tokens >= CHUNKED_MIN_TOKENS:
+    if num_tokens >= runtime_options().chunked_min_tokens:
         return "chunked"
-    return "fused" if fused else "eager"
+    return fallback
 
 
 def polar_attention(
@@ -277,7 +278,7 @@ def polar_attention(
     k: float = 1.0,
     impl: str = "eager",
     return_probs: bool = False,
-):
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """Polar attention of Eq. 9: ``softmax_j(-scale d^2(q_i, k_j))`` and the polar centroid of the values.
 
     Shapes: radii ``(B, H, N)``, directions ``(B, H, N, d)``; ``scale`` is a float or an ``(H,)``

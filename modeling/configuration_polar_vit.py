@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -129,12 +130,12 @@ class PolarViTConfig(PreTrainedConfig):
     fused_ops: bool = True
     initializer_range: float = 0.02
 
-    def __post_init__(self, **kwargs):
+    def __post_init__(self, **kwargs: Any) -> None:
         self.horoshift_rate_init = list(self.horoshift_rate_init)
         self.validate_polar_vit()
         super().__post_init__(**kwargs)
         if self.id2label and not self.label2id:
-            self.label2id = {label: index for index, label in self.id2label.items()}
+            self.label2id = {str(label): int(index) for index, label in self.id2label.items()}
 
     # ---------------------------------------------------------------------------------------
     @property
@@ -303,4 +304,33 @@ class PolarViTSphericalConfig(PolarViTConfig):
         return cls(**{**copy.deepcopy(SPHERICAL_PRESETS[name]), **overrides})
 
 
-__all__ = ["PolarViTConfig", "PolarViTSphericalConfig", "PRESETS", "SPHERICAL_PRESETS"]
+AUTO_MAP = {
+    "AutoConfig": "configuration_polar_vit.PolarViTConfig",
+    "AutoModel": "modeling_polar_vit.PolarViTModel",
+    "AutoModelForImageClassification": "modeling_polar_vit.PolarViTForImageClassification",
+}
+
+
+SPHERICAL_AUTO_MAP = {
+    "AutoConfig": "configuration_polar_vit.PolarViTSphericalConfig",
+    "AutoModel": "modeling_polar_vit.PolarViTSphericalModel",
+    "AutoModelForImageClassification": "modeling_polar_vit.PolarViTSphericalForImageClassification",
+}
+
+
+def complete_auto_map(save_directory: str | os.PathLike, entries: dict[str, str]) -> None:
+    """Write every Polar-ViT Auto class into ``config.json``'s ``auto_map`` (keeps other entries)."""
+    import json
+    import os
+
+    path = os.path.join(save_directory, "config.json")
+    with open(path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config["auto_map"] = {**config.get("auto_map", {}), **entries}
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
+__all__ = ["AUTO_MAP", "PRESETS", "SPHERICAL_AUTO_MAP", "SPHERICAL_PRESETS", "PolarViTConfig",
+           "PolarViTSphericalConfig", "complete_auto_map"]

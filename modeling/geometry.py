@@ -15,20 +15,39 @@ Equation numbers refer to "Rethinking the Fully Hyperbolic Vision Transformer in
 Coordinates" (Bdeir & Landwehr).  The ambient twins of these operations, the baseline the paper
 compares against, live in :mod:`ambient`.
 
-This module is part of the remote code of exported checkpoints: it imports only ``torch``.
+The scalar functions every one of them relies on (the non-negative ``asinh``, ``arsinh(e^l)``, the series
+cut-offs, ``perp``, the unit-or-origin normalisation) live in :mod:`stable_math` and are re-exported here.
+
+This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Union
+from typing import Any
 
 import torch
 from torch import Tensor
 
-Curvature = Union[float, Tensor]
+from .stable_math import (
+    asinh_exp,
+    asinh_nonneg,
+    asinhc_half,
+    cosh_sinhc_sq,
+    perp,
+    safe_norm,
+    safe_normalize,
+)
+from .subgroups import boost, busemann_nu, horoshift, rotate
+from .validation import (
+    Curvature,
+    _check_finite,
+    _check_point,
+    _check_same_dim,
+    _sqrt_k,
+    input_checks,
+    set_input_checks,
+)
 
 __all__ = [
     "asinh_exp",
@@ -72,117 +91,9 @@ __all__ = [
     "transport",
 ]
 
-_INPUT_CHECKS = {"enabled": True}
-_SERIES_C = 1e-4  # below this c (Eq. 5), asinh(s)/s uses its Taylor series
-
-
-# --------------------------------------------------------------------------------------------
-# input validation
-# --------------------------------------------------------------------------------------------
-def set_input_checks(enabled: bool) -> bool:
-    """Turn the (CPU-only) non-finite input checks on or off; returns the previous setting."""
-    previous = _INPUT_CHECKS["enabled"]
-    _INPUT_CHECKS["enabled"] = bool(enabled)
-    return previous
-
-
-@contextmanager
-def input_checks(enabled: bool) -> Iterator[None]:
-    """Context manager form of :func:`set_input_checks`."""
-    previous = set_input_checks(enabled)
-    try:
-        yield
-    finally:
-        set_input_checks(previous)
-
-
-def _sqrt_k(k: Curvature) -> Curvature:
-    """Validate the curvature parameter ``k > 0`` and return ``sqrt(k)``."""
-    if isinstance(k, Tensor):
-        if k.numel() != 1:
-            raise ValueError(f"k must be a scalar, got a tensor of shape {tuple(k.shape)}")
-        if _values_checkable(k) and not (torch.isfinite(k).all() and (k > 0).all()):
-            raise ValueError(f"k must be a finite positive number (curvature -1/k), got {k.item()}")
-        return k.sqrt()
-    k = float(k)
-    if torch.compiler.is_compiling():  # traced inside a compiled kernel: validated where the value came from
-        return math.sqrt(k)
-    if not (math.isfinite(k) and k > 0):
-        raise ValueError(f"k must be a finite positive number (curvature -1/k), got {k}")
-    return math.sqrt(k)
-
-
-def _values_checkable(t: Tensor) -> bool:
-    """Value checks are cheap only for CPU tensors outside of compilation and tracing."""
-    return (
-        _INPUT_CHECKS["enabled"]
-        and t.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-    )
-
-
-def _check_finite(**tensors: Tensor) -> None:
-    for name, t in tensors.items():
-        if isinstance(t, Tensor) and _values_checkable(t) and not torch.isfinite(t).all():
-            raise ValueError(f"{name} contains NaN or Inf values")
-
-
-def _check_point(r: Tensor, u: Tensor, name: str) -> None:
-    """A polar point needs ``u.dim() >= 1`` and ``r.shape`` broadcastable with ``u.shape[:-1]``."""
-    if u.dim() < 1:
-        raise ValueError(f"direction u{name} must have a trailing feature axis, got a scalar")
-    try:
-        torch.broadcast_shapes(tuple(r.shape), tuple(u.shape[:-1]))
-    except RuntimeError:
-        raise ValueError(
-            f"shape mismatch: radius r{name} has shape {tuple(r.shape)} but direction u{name} has "
-            f"shape {tuple(u.shape)}; r must broadcast with u.shape[:-1]"
-        ) from None
-    _check_finite(**{f"r{name}": r, f"u{name}": u})
-
-
-def _check_same_dim(u1: Tensor, u2: Tensor, what: str = "directions") -> None:
-    if u1.shape[-1] != u2.shape[-1]:
-        raise ValueError(f"{what} live in different dimensions: {u1.shape[-1]} vs {u2.shape[-1]}")
-
-
-def _check_axis(axis: int, n: int, name: str) -> None:
-    if not (0 <= int(axis) < n):
-        raise ValueError(f"{name}={axis} is not a space axis of a point with n={n} space coordinates")
-
-
 # --------------------------------------------------------------------------------------------
 # scalar helpers
 # --------------------------------------------------------------------------------------------
-def asinh_exp(log_value: Tensor) -> Tensor:
-    """``arsinh(exp(l))`` without overflow, through ``exp`` / ``log1p`` only (PyTorch's ``asinh`` is scalar code
-    on the CPU): ``l + log1p(sqrt(1 + e^{-2l}))`` for ``l > 0``, else ``log1p(e + e^2 / (1 + sqrt(1 + e^2)))``
-    with ``e = e^l <= 1`` (every term non-negative); ``l = -inf`` gives 0.
-
-    This is how every log-domain radius is turned into a radius (Eq. 8, Eq. 22).
-    """
-    positive = log_value > 0
-    zero = torch.zeros_like(log_value)
-    pos = torch.where(positive, log_value, zero)  # (torch.where, not clamp: full gradient at l = 0)
-    e_neg = torch.exp(-pos)  # e^{-l} for l > 0
-    large = pos + torch.log1p(torch.sqrt(1.0 + e_neg * e_neg))
-    e_pos = torch.exp(torch.where(positive, zero, log_value))  # e^{l} for l <= 0
-    small = torch.log1p(e_pos + e_pos * e_pos / (1.0 + torch.sqrt(1.0 + e_pos * e_pos)))
-    return torch.where(positive, large, small)
-
-
-def asinhc_half(c: Tensor) -> Tensor:
-    """``asinh(s) / s`` with ``s = sqrt(c / 2)``, smooth in ``c`` down to ``c = 0``."""
-    small = c < _SERIES_C
-    c_safe = torch.where(small, torch.ones_like(c), c)
-    s = torch.sqrt(0.5 * c_safe)
-    exact = torch.asinh(s) / s
-    s2 = 0.5 * c
-    series = 1.0 - s2 / 6.0 + 0.075 * s2 * s2
-    return torch.where(small, series, exact)
-
-
 def sq_distance_from_c(c: Tensor, k: Curvature) -> Tensor:
     """``d^2 = k (2 asinh(sqrt(c/2)))^2 = 2 k c (asinh(s)/s)^2`` (Eq. 5 with ``cosh D - 1 = c``)."""
     return (2.0 * k) * c * asinhc_half(c).square()
@@ -192,38 +103,8 @@ def _dist_from_c(c: Tensor, sqrt_k: Curvature) -> Tensor:
     """``d = 2 sqrt(k) asinh(sqrt(c/2))``; zero gradient (a subgradient) at ``c = 0``."""
     positive = c > 0
     c_safe = torch.where(positive, c, torch.ones_like(c))
-    d = 2.0 * sqrt_k * torch.asinh(torch.sqrt(0.5 * c_safe))
+    d = 2.0 * sqrt_k * asinh_nonneg(torch.sqrt(0.5 * c_safe))
     return torch.where(positive, d, torch.zeros_like(d))
-
-
-def safe_normalize(v: Tensor) -> Tensor:
-    """``v / ||v||`` along the last axis; a zero vector maps to ``e_0`` with a finite gradient."""
-    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
-    nonzero = norm > 0
-    unit = v / torch.where(nonzero, norm, torch.ones_like(norm))
-    fallback = torch.zeros_like(v)
-    fallback[..., 0] = 1.0
-    return torch.where(nonzero, unit, fallback)
-
-
-def _safe_norm(v: Tensor) -> Tensor:
-    """``||v||`` with a zero (sub)gradient at ``v = 0``."""
-    sq = v.square().sum(-1)
-    positive = sq > 0
-    return torch.where(positive, torch.sqrt(torch.where(positive, sq, torch.ones_like(sq))), sq)
-
-
-def perp(v: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Stable ``v - (v.u) u`` for unit ``u``, ``v``.
-
-    With ``s = sign(u.v)``: ``v - (v.u) u = (v - s u) + s (1/2 ||v - s u||^2) u``, so both for
-    nearly aligned and nearly opposite directions only the small difference ``v - s u`` is formed.
-    Returns ``(v_perp, s, h)`` with ``h = 1/2 ||v - s u||^2 = 1 - s (u.v)``.
-    """
-    s = torch.where((u * v).sum(-1) >= 0, 1.0, -1.0).to(v.dtype).detach()
-    d = v - s.unsqueeze(-1) * u
-    h = 0.5 * d.square().sum(-1)
-    return d + (s * h).unsqueeze(-1) * u, s, h
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +135,7 @@ def from_ambient(x: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
         raise ValueError(f"ambient points need at least 2 coordinates, got shape {tuple(x.shape)}")
     _check_finite(x=x)
     xs = x[..., 1:]
-    return sk * torch.asinh(_safe_norm(xs) / sk), safe_normalize(xs)
+    return sk * asinh_nonneg(safe_norm(xs) / sk), safe_normalize(xs)
 
 
 def from_space(xs: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
@@ -265,7 +146,7 @@ def from_space(xs: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
     radius and the direction to relative precision at every radius.
     """
     sk = _sqrt_k(k)
-    return sk * torch.asinh(_safe_norm(xs) / sk), safe_normalize(xs)
+    return sk * asinh_nonneg(safe_norm(xs) / sk), safe_normalize(xs)
 
 
 def space(r: Tensor, u: Tensor, k: Curvature = 1.0) -> Tensor:
@@ -288,7 +169,7 @@ def direct_concat(r: Tensor, u: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Ten
     # sinh(a_h) e^{-top} = (e^{a_h - top} - e^{-a_h - top}) / 2, all factors <= 1
     scaled = 0.5 * (torch.exp(a - top) - torch.exp(-a - top))
     parts = (scaled.unsqueeze(-1) * u).flatten(-2)
-    norm = _safe_norm(parts)
+    norm = safe_norm(parts)
     positive = norm > 0
     log_sinh = top.squeeze(-1) + torch.log(torch.where(positive, norm, torch.ones_like(norm)))
     radius = torch.where(positive, asinh_exp(log_sinh), torch.zeros_like(norm))
@@ -316,7 +197,7 @@ def beta_concat(r: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
     """
     heads, dim = u.shape[-2], u.shape[-1]
     parts = (r.unsqueeze(-1) * u).flatten(-2)
-    return beta_coefficient(heads * dim) / beta_coefficient(dim) * _safe_norm(parts), safe_normalize(parts)
+    return beta_coefficient(heads * dim) / beta_coefficient(dim) * safe_norm(parts), safe_normalize(parts)
 
 
 def beta_split(r: Tensor, u: Tensor, heads: int) -> tuple[Tensor, Tensor]:
@@ -329,7 +210,7 @@ def beta_split(r: Tensor, u: Tensor, heads: int) -> tuple[Tensor, Tensor]:
     """
     chunks = u.unflatten(-1, (heads, u.shape[-1] // heads))
     ratio = beta_coefficient(chunks.shape[-1]) / beta_coefficient(u.shape[-1])
-    return ratio * r.unsqueeze(-1) * _safe_norm(chunks), safe_normalize(chunks)
+    return ratio * r.unsqueeze(-1) * safe_norm(chunks), safe_normalize(chunks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,7 +235,7 @@ class _PairwiseChord(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, u: Tensor, v: Tensor) -> Tensor:  # noqa: D102
+    def forward(ctx: Any, u: Tensor, v: Tensor) -> Tensor:  # noqa: D102
         batch = torch.broadcast_shapes(u.shape[:-2], v.shape[:-2])
         ue = u.expand(*batch, *u.shape[-2:])
         ve = v.expand(*batch, *v.shape[-2:])
@@ -364,7 +245,7 @@ class _PairwiseChord(torch.autograd.Function):
         return 0.5 * dist.square()
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102
         u, v = ctx.saved_tensors
         vbar = v.mean(dim=-2, keepdim=True)
         p, q = u - vbar, v - vbar
@@ -492,7 +373,7 @@ def centroid(r: Tensor, u: Tensor, weights: Tensor, k: Curvature = 1.0) -> tuple
     big_t = (w * torch.cosh(a).unsqueeze(-2)).sum(-1)
     big_e = (w * torch.exp(-a).unsqueeze(-2)).sum(-1)
     big_v = w_sinh @ u  # (..., N, n)
-    v_norm = _safe_norm(big_v)
+    v_norm = safe_norm(big_v)
     u_hat = safe_normalize(big_v)
     big_s = (w_sinh * pairwise_chord(u_hat, u)).sum(-1)
     a_mu = centroid_radius(big_t, big_e, big_s, v_norm, empty_row | (v_norm <= 0))
@@ -532,7 +413,7 @@ def gyroadd(
     opposite = torch.sinh(a - b) + cosh_a * sinh_b * half_gap
     z_par = torch.where(sign > 0, aligned, opposite)
     z = z_par.unsqueeze(-1) * u1 + sinh_b.unsqueeze(-1) * v_perp
-    return sk * torch.asinh(_safe_norm(z)), safe_normalize(z)
+    return sk * asinh_nonneg(safe_norm(z)), safe_normalize(z)
 
 
 def gyrocenter(
@@ -559,7 +440,7 @@ def gyroadd_space(xs: Tensor, r: Tensor, u: Tensor, k: Curvature = 1.0) -> tuple
     sinh_b = torch.sinh(b)
     coef = (big_x * u).sum(-1) * sinh_b / (torch.sqrt(1.0 + x_sq) + 1.0) + torch.cosh(b)
     z = sinh_b.unsqueeze(-1) * u + coef.unsqueeze(-1) * big_x
-    r_near, u_near = sk * torch.asinh(_safe_norm(z)), safe_normalize(z)
+    r_near, u_near = sk * asinh_nonneg(safe_norm(z)), safe_normalize(z)
     far_x = torch.where(near.unsqueeze(-1), torch.ones_like(big_x), big_x)
     r_far, u_far = gyroadd(*from_space(far_x * sk, k), r, u, k)
     return torch.where(near, r_near, r_far), torch.where(near.unsqueeze(-1), u_near, u_far)
@@ -594,15 +475,6 @@ def project_grad(
     radial = (grad_space * u).sum(-1)
     xi_r = grad_time * torch.sinh(a) + radial * torch.cosh(a)
     return xi_r, grad_space - radial.unsqueeze(-1) * u
-
-
-def cosh_sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor]:
-    """``cosh(w)`` and ``sinh(w)/w`` as smooth functions of ``w^2`` (even in ``w``)."""
-    small = omega_sq < 1e-8
-    w = torch.sqrt(torch.where(small, torch.ones_like(omega_sq), omega_sq))
-    cosh = torch.where(small, 1.0 + 0.5 * omega_sq, torch.cosh(w))
-    sinhc = torch.where(small, 1.0 + omega_sq / 6.0, torch.sinh(w) / w)
-    return cosh, sinhc
 
 
 def expmap(
@@ -647,7 +519,7 @@ def expmap(
     x0 = torch.where(inward, x0_in, x0_out)
     radial = torch.where(inward, radial_in, radial_out)
     x_tilde = radial.unsqueeze(-1) * u + (sinhc_w / (sk * torch.cosh(a))).unsqueeze(-1) * xi_perp
-    a_new = a + torch.log(x0 + _safe_norm(x_tilde)) - torch.log1p(chi)
+    a_new = a + torch.log(x0 + safe_norm(x_tilde)) - torch.log1p(chi)
     return sk * a_new.clamp_min(0.0), safe_normalize(x_tilde)
 
 
@@ -707,107 +579,3 @@ def transport(
     zeta_r = (along_u * cos + v_dot_xi + lam * sinh_b) / torch.cosh(b)
     xi_perp_v = xi_perp - v_dot_xi.unsqueeze(-1) * u2
     return zeta_r, along_u.unsqueeze(-1) * u_perp_v + xi_perp_v
-
-
-# --------------------------------------------------------------------------------------------
-# horospherical shift (Eq. 10, 11; Appendix C)
-# --------------------------------------------------------------------------------------------
-def _axis_mask(n: int, axis: int, like: Tensor) -> Tensor:
-    mask = torch.ones(n, dtype=like.dtype, device=like.device)
-    mask[axis] = 0.0
-    return mask
-
-
-def busemann_nu(r: Tensor, u: Tensor, ideal_axis: int, k: Curvature = 1.0) -> Tensor:
-    """Busemann coordinate ``nu = x_0 - x_1`` towards the ideal point ``e_0 + e_1`` (Eq. 10).
-
-    Polar form (Sec. 4.3): ``nu = sqrt(k) (e^{-a} + sinh a (1 - u_1))`` with
-    ``1 - u_1 = ||u_rest||^2 / (1 + u_1)`` for ``u_1 >= 0``, a sum of non-negative terms.
-    ``ideal_axis`` indexes the space coordinates (0-based); ``-ln(nu / sqrt(k))`` is the Busemann
-    function (Appendix C.1).
-    """
-    sk = _sqrt_k(k)
-    _check_point(r, u, "")
-    _check_axis(ideal_axis, u.shape[-1], "ideal_axis")
-    a = r / sk
-    u1 = u[..., ideal_axis]
-    rest_sq = (u * _axis_mask(u.shape[-1], ideal_axis, u)).square().sum(-1)
-    one_minus_u1 = torch.where(u1 >= 0, rest_sq / (1.0 + u1.abs()), 1.0 - u1)
-    return sk * (torch.exp(-a) + torch.sinh(a) * one_minus_u1)
-
-
-def horoshift(
-    r: Tensor,
-    u: Tensor,
-    t: Tensor | float,
-    ideal_axis: int,
-    shift_axis: int,
-    k: Curvature = 1.0,
-) -> tuple[Tensor, Tensor]:
-    """Horospherical shift ``Phi(t)`` (Eq. 10, closed form Eq. 23) in polar form.
-
-    Ambient form: ``x_2 += t nu``, ``x_0 += t x_2 + t^2 nu / 2``, ``x_1 += t x_2 + t^2 nu / 2`` with
-    ``nu = x_0 - x_1`` invariant.  Here the shifted point is formed from sums of non-negative
-    terms: the coordinates other than ``x_1`` are ``x_rest`` with ``x_2 + t nu``; ``nu`` is kept, and
-    ``(x_0 + x_1) nu = k + ||x_rest||^2`` gives ``x_1 = ((k + ||x_rest||^2) / nu - nu) / 2``.  The
-    radius is ``sqrt(k) arsinh(||x_s|| / sqrt(k))``.  ``ideal_axis`` (``e_1``) and ``shift_axis``
-    (``e_2``) index the space coordinates, 0-based.  Distance law: Eq. 11.
-    """
-    sk = _sqrt_k(k)
-    n = u.shape[-1]
-    _check_axis(shift_axis, n, "shift_axis")
-    if ideal_axis == shift_axis:
-        raise ValueError("ideal_axis and shift_axis must be different space axes")
-    nu = busemann_nu(r, u, ideal_axis, k)
-    t = torch.as_tensor(t, dtype=r.dtype, device=r.device)
-    xs = (sk * torch.sinh(r / sk)).unsqueeze(-1) * u
-    shift = torch.zeros(n, dtype=u.dtype, device=u.device)
-    shift[shift_axis] = 1.0
-    rest = xs * _axis_mask(n, ideal_axis, u) + (t * nu).unsqueeze(-1) * shift
-    x1 = 0.5 * ((k + rest.square().sum(-1)) / nu - nu)
-    e1 = torch.zeros(n, dtype=u.dtype, device=u.device)
-    e1[ideal_axis] = 1.0
-    xs_new = rest + x1.unsqueeze(-1) * e1
-    return sk * torch.asinh(_safe_norm(xs_new) / sk), safe_normalize(xs_new)
-
-
-# --------------------------------------------------------------------------------------------
-# the other one-parameter subgroups used as positional encodings (Sec. 4.3)
-# --------------------------------------------------------------------------------------------
-def boost(r: Tensor, u: Tensor, t: Tensor | float, axis: int, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
-    """Lorentz boost of rapidity ``t`` along space axis ``axis`` (HoPE on Lorentz points, Sec. 4.3).
-
-    ``x_0 -> cosh t x_0 + sinh t x_i``, ``x_i -> sinh t x_0 + cosh t x_i``; in polar form only the
-    space coordinate ``x_i / sqrt(k) = sinh t cosh a + cosh t sinh a u_i`` changes and the radius is
-    read from the space part.
-    """
-    sk = _sqrt_k(k)
-    _check_point(r, u, "")
-    _check_axis(axis, u.shape[-1], "axis")
-    t = torch.as_tensor(t, dtype=r.dtype, device=r.device)
-    a = r / sk
-    xs = torch.sinh(a).unsqueeze(-1) * u
-    new_i = torch.sinh(t) * torch.cosh(a) + torch.cosh(t) * xs[..., axis]
-    e_i = torch.zeros(u.shape[-1], dtype=u.dtype, device=u.device)
-    e_i[axis] = 1.0
-    xs = xs * (1.0 - e_i) + new_i.unsqueeze(-1) * e_i
-    return sk * torch.asinh(_safe_norm(xs)), safe_normalize(xs)
-
-
-def rotate(r: Tensor, u: Tensor, t: Tensor | float, axis_a: int, axis_b: int) -> tuple[Tensor, Tensor]:
-    """Rotation by angle ``t`` in the plane of space axes ``(axis_a, axis_b)`` (HOPE / HELM, Sec. 4.3).
-
-    Rotations act on the direction only; the radius is unchanged (exact in polar form).
-    """
-    _check_point(r, u, "")
-    _check_axis(axis_a, u.shape[-1], "axis_a")
-    _check_axis(axis_b, u.shape[-1], "axis_b")
-    t = torch.as_tensor(t, dtype=u.dtype, device=u.device)
-    cos, sin = torch.cos(t), torch.sin(t)
-    ua, ub = u[..., axis_a], u[..., axis_b]
-    new_a, new_b = cos * ua - sin * ub, sin * ua + cos * ub
-    e_a = torch.zeros(u.shape[-1], dtype=u.dtype, device=u.device)
-    e_b = torch.zeros_like(e_a)
-    e_a[axis_a], e_b[axis_b] = 1.0, 1.0
-    u = u * (1.0 - e_a - e_b) + new_a.unsqueeze(-1) * e_a + new_b.unsqueeze(-1) * e_b
-    return r, u

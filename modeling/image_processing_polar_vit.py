@@ -8,6 +8,7 @@ otherwise (the two differ by at most one uint8 step).
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 import PIL.Image
@@ -19,9 +20,18 @@ from transformers.utils import is_torchvision_available
 if is_torchvision_available():
     from transformers.models.vit.image_processing_vit import ViTImageProcessor as _ViTImageProcessor
 else:  # pragma: no cover - exercised only where torchvision is missing
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil as _ViTImageProcessor
+    from transformers.models.vit.image_processing_pil_vit import (  # type: ignore[assignment]
+        ViTImageProcessorPil as _ViTImageProcessor,
+    )
 
 from .spherical import equirectangular_to_icosphere, icosphere
+
+
+def _per_channel(value: float | list[float] | None, default: list[float], channels: int) -> list[float]:
+    """A per-channel mean / std: the given list, one value for every channel, or the default's first channels."""
+    if value is None:
+        return list(default[:channels])
+    return [float(value)] * channels if isinstance(value, (int, float)) else list(value)
 
 
 class PolarViTImageProcessor(_ViTImageProcessor):
@@ -64,8 +74,8 @@ class PolarViTSphericalImageProcessor(BaseImageProcessor):
         do_normalize: bool = True,
         image_mean: float | list[float] | None = None,
         image_std: float | list[float] | None = None,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if num_channels not in (1, 3):
             raise ValueError(f"num_channels must be 1 (greyscale) or 3 (RGB), got {num_channels!r}")
@@ -73,14 +83,14 @@ class PolarViTSphericalImageProcessor(BaseImageProcessor):
         self.num_channels = num_channels
         self.do_rescale, self.rescale_factor = do_rescale, rescale_factor
         self.do_normalize = do_normalize
-        self.image_mean = list(image_mean) if image_mean is not None else IMAGENET_STANDARD_MEAN[:num_channels]
-        self.image_std = list(image_std) if image_std is not None else IMAGENET_STANDARD_STD[:num_channels]
+        self.image_mean = _per_channel(image_mean, IMAGENET_STANDARD_MEAN, num_channels)
+        self.image_std = _per_channel(image_std, IMAGENET_STANDARD_STD, num_channels)
 
     @property
     def num_vertices(self) -> int:
         return 10 * 4**self.icosphere_level + 2
 
-    def to_signal(self, image) -> torch.Tensor:
+    def to_signal(self, image: Any) -> torch.Tensor:
         """One input -> ``(C, V)`` float64 (rescaled, not yet normalised)."""
         if isinstance(image, PIL.Image.Image):
             image = np.asarray(image.convert("L" if self.num_channels == 1 else "RGB"))
@@ -110,7 +120,7 @@ class PolarViTSphericalImageProcessor(BaseImageProcessor):
             raise ValueError(f"the signal has {signal.shape[0]} channels, the processor expects {self.num_channels}")
         return signal * self.rescale_factor if (self.do_rescale and integer) else signal
 
-    def preprocess(self, images, return_tensors=None, **kwargs) -> BatchFeature:
+    def preprocess(self, images: Any, return_tensors: str | None = None, **kwargs: Any) -> BatchFeature:
         """``pixel_values (batch, num_channels, V)``; keyword arguments override the processor's settings."""
         unknown = set(kwargs) - {"do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std"}
         if unknown:

@@ -1,25 +1,32 @@
-"""The two arithmetics of Polar-ViT: polar form and ambient Lorentz coordinates.
+"""The arithmetic strategies of Polar-ViT: the one place where "how to compute" is decided.
 
-Every layer of the model is written once against the interface :class:`ManifoldOps`; its two
-implementations are siblings: ``PolarOps`` runs it with the polar operations of :mod:`geometry`,
-``AmbientOps`` with the ambient formulas of :mod:`ambient` (the paper's baseline).  An operation
-one of them lacks is an error at class creation (abstract method), never a silent fallback.  Both
-represent a point as one tensor of shape
-``(..., n+1)`` so that reshapes, indexing and gradient checkpointing are the same:
+Every layer of the model is written once against :class:`ManifoldOps` and never tests a flag: it calls the
+layer-level operations (:meth:`~ManifoldOps.polar_fc`, :meth:`~ManifoldOps.gyro_layer_norm`,
+:meth:`~ManifoldOps.boost_residual`, :meth:`~ManifoldOps.relative_position`, :meth:`~ManifoldOps.attention`,
+:meth:`~ManifoldOps.concat_heads`) and the geometric primitives below them.  Three siblings implement it:
 
-* polar:   ``p = [r, u_1, ..., u_n]`` (radius, then unit direction);
-* ambient: ``x = [x_0, x_1, ..., x_n]`` (time, then space coordinates).
+* :class:`PolarOps` - polar points ``[r, u]``, the reference: the small functions of :mod:`geometry`
+  differentiated by autograd;
+* :class:`FusedPolarOps` - polar points, the same formulas as autograd Functions with hand-derived backward
+  passes (:mod:`fused_attention`, :mod:`fused_gyro_norm`, :mod:`fused_layers`), compiled CPU kernels when
+  training (:mod:`cpu_kernels`);
+* :class:`AmbientOps` - ambient coordinates ``[x_0, x_s]``, the textbook Lorentz formulas of :mod:`ambient`
+  (the paper's baseline).
 
-The parameters of a model never depend on the arithmetic, so a state dict of one loads into
-the other, and in float64 both give the same logits (to ~1e-12).
+An operation one of them lacks is an error at class creation (abstract method), never a silent fallback.  All
+pack a point as one tensor ``(..., n+1)``, so reshapes, indexing and gradient checkpointing are the same.  The
+parameters never depend on the strategy: a state dict of one loads into the others, and in float64 all give the
+same logits (to ~1e-12).
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .ambient import (
@@ -35,8 +42,19 @@ from .ambient import (
     rotate as ambient_rotate,
     sq_distance as ambient_sq_distance,
 )
-from .attention import polar_attention
-from .fused import recomputed
+from .attention import polar_attention, select_implementation
+from .configuration_polar_vit import POSITION_AXES
+from .cpu_kernels import recomputed
+from .fused_gyro_norm import fused_gyro_layer_norm
+from .fused_layers import (
+    boost_residual_step,
+    fused_boost_residual,
+    fused_polar_fc,
+    fused_reserved_axes_encoding,
+    is_gelu,
+    polar_fc_epilogue,
+    radius_offset,
+)
 from .geometry import (
     beta_concat,
     beta_split,
@@ -49,11 +67,15 @@ from .geometry import (
     horoshift,
     pairwise_sq_distance,
     rotate,
-    safe_normalize,
     space,
     sq_distance,
     to_ambient,
 )
+from .stable_math import safe_normalize
+
+Rule = tuple[Tensor, Tensor, Tensor, Tensor]  # Eq. 8's (beta, lambda, varphi, varphi_0)
+
+__all__ = ["AmbientOps", "FusedPolarOps", "ManifoldOps", "PolarOps", "make_ops", "packed_direct_concat"]
 
 
 def packed_direct_concat(p: Tensor, k: float) -> Tensor:
@@ -66,17 +88,17 @@ def packed_direct_concat(p: Tensor, k: float) -> Tensor:
 class ManifoldOps(ABC):
     """The operations Polar-ViT's layers use, on points packed as one tensor ``(..., n+1)``.
 
-    ``fused`` is ``True`` only for polar arithmetic with ``config.fused_ops``: the layers then call
-    the fused functions of :mod:`fused` (the same formulas with hand-derived backward passes).
+    The layer-level operations are written here once against the primitives (the reference formulas);
+    :class:`FusedPolarOps` overrides them with fused Functions.
     """
 
     name: str
-    fused: bool = False
 
-    def __init__(self, k: float = 1.0):
+    def __init__(self, k: float = 1.0) -> None:
         self.k = float(k)
         self.sqrt_k = math.sqrt(self.k)
 
+    # primitives ------------------------------------------------------------------------------
     @abstractmethod
     def make(self, r: Tensor, u: Tensor) -> Tensor:
         """Pack a radius ``(...)`` and a direction ``(..., n)`` into a point ``(..., n+1)``."""
@@ -150,10 +172,6 @@ class ManifoldOps(ABC):
         """Rotation of the plane ``(axis_a, axis_b)`` by angle ``t``."""
 
     @abstractmethod
-    def concat_heads(self, p: Tensor) -> Tensor:
-        """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)`` (Sec. 4.2)."""
-
-    @abstractmethod
     def beta_concat_heads(self, p: Tensor) -> Tensor:
         """HNN++ beta-concatenation ``(..., H, d+1) -> (..., H d + 1)`` (``geometry.beta_concat``)."""
 
@@ -162,30 +180,82 @@ class ManifoldOps(ABC):
         """HNN++ beta-split ``(..., n+1) -> (..., H, n/H + 1)`` (``geometry.beta_split``)."""
 
     @abstractmethod
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
-                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
-        """Eq. 9 on ``(B, H, N, d+1)`` points with per-head ``scale (H,)``:
-        ``(heads (B, H, N, d+1), probs or None)``."""
-
-    @abstractmethod
     def hyperplane_margin(self, p: Tensor, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
         """``c1 sinh(a) (u . z_hat) - c2 cosh(a)`` for every point ``(..., n+1)`` and class ``z_hat (C, n)``."""
 
     @abstractmethod
-    def readout(self, output) -> Tensor:
+    def readout(self, output) -> Tensor:  # noqa: ANN001 - a PolarViTModelOutput
         """The readout point of a :class:`PolarViTModelOutput` in this arithmetic's packing."""
 
+    # layer-level operations --------------------------------------------------------------------
+    @abstractmethod
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
+                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
+        """Eq. 9 on ``(B, H, N, d+1)`` points with per-head ``scale (H,)``: ``(heads (B, H, N, d+1), probs or
+        None)``; ``implementation`` is ``config.polar_attn_implementation`` (``auto`` decided here)."""
 
-class PolarOps(ManifoldOps):
-    """Arithmetic on packed polar points ``[r, u]``."""
+    @abstractmethod
+    def concat_heads(self, p: Tensor) -> Tensor:
+        """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)`` (Sec. 4.2)."""
+
+    def polar_fc(self, p: Tensor, weight: Tensor, rule: Rule | None, heads: int,
+                 activation: Callable | None = None) -> Tensor:
+        """``heads`` Polar-FCs (Eq. 8) on ``p (..., n+1)`` -> ``(..., heads, d+1)``: ``h = phi(W x / sqrt(k))``,
+        ``u' = h / ||h||``, ``r' = sqrt(k) arsinh(e^l)`` (:func:`fused_layers.polar_fc_epilogue`); ``rule`` is
+        ``(beta, lambda, varphi, varphi_0)`` or ``None`` (the Lorentz FC, ``l = ln ||h||``)."""
+        h = F.linear(self.unit_coords(p), weight).unflatten(-1, (heads, -1))
+        gelu = is_gelu(activation)
+        if activation is not None and not gelu:
+            h = activation(h)
+        offset = norm_power = None
+        if rule is not None:
+            norm_power, radius_weight, klein_weight, radius_bias = rule
+            offset = radius_offset(self.radius(p) / self.sqrt_k, self.klein(p) @ klein_weight.t(), radius_weight,
+                                   radius_bias)
+        out, _ = polar_fc_epilogue(h, offset, norm_power, self.sqrt_k, gelu)
+        return self.make(out[..., 0], out[..., 1:])
+
+    def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
+        """Gyro layer norm (Sec. 4.4) over the tokens ``(B, N, n+1)`` of each sample: ``b (+) (gamma / sqrt(sigma^2
+        + eps) (x) ((-)m (+) x))`` with ``m`` their centroid and ``sigma^2`` their mean squared distance to it."""
+        batch, tokens = p.shape[0], p.shape[-2]
+        uniform = p.new_full((batch, 1, tokens), 1.0 / tokens)
+        mean = self.centroid(p, uniform)  # (B, 1, n+1)
+        variance = self.sq_distance(p, mean).mean(-1, keepdim=True)  # (B, 1)
+        centred = self.gyrocenter(mean, p)
+        return self.gyroadd_space(bias_space, self.scale(centred, torch.exp(log_gain) / torch.sqrt(variance + eps)))
+
+    def boost_residual(self, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None) -> Tensor:
+        """The boost residual of Eq. 12 (:func:`fused_layers.boost_residual_step`) on ``x, f (B, N, n+1)``;
+        ``strength (B, 1)`` scales ``f``'s radius (stochastic depth)."""
+        r, u = self.polar(x)
+        r_f, v = self.polar(f)
+        b = r_f / self.sqrt_k
+        radius, direction, _ = boost_residual_step(r / self.sqrt_k, u, b if strength is None else b * strength, v,
+                                                   alpha)
+        return self.make(self.sqrt_k * radius, direction)
+
+    def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:
+        """The 2-D relative encoding ``kind`` (``horoshift`` Eq. 10 / ``boost`` HoPE / ``rotation`` HOPE) of
+        ``p (B, N, H, d+1)``: rows moved by ``t_rows (N, H)`` on the reserved axes ``(0, 1)``, columns by ``t_cols``
+        on ``(2, 3)``."""
+        for t, axes in zip((t_rows, t_cols), POSITION_AXES):
+            if kind == "horoshift":
+                p = self.horoshift(p, t, *axes)
+            elif kind == "boost":
+                p = self.boost(p, t, axes[0])
+            else:
+                p = self.rotate(p, t, *axes)
+        return p
+
+
+class _PolarPoints(ManifoldOps):
+    """The primitives on packed polar points ``[r, u]`` (radius, then unit direction), shared by the reference
+    and the fused strategies."""
 
     name = "polar"
+    auto_attention = "eager"  # what ``polar_attn_implementation="auto"`` resolves to below the chunked length
 
-    def __init__(self, k: float = 1.0, fused: bool = False):
-        super().__init__(k)
-        self.fused = bool(fused)
-
-    # packing -------------------------------------------------------------------------------
     @staticmethod
     def make(r: Tensor, u: Tensor) -> Tensor:
         """Pack a radius ``(...)`` and a direction ``(..., n)`` into a point ``(..., n+1)``."""
@@ -203,12 +273,10 @@ class PolarOps(ManifoldOps):
         return to_ambient(p[..., 0], p[..., 1:], self.k)
 
     def unit_coords(self, p: Tensor) -> Tensor:
-        """``x / sqrt(k) = (cosh a, sinh a u)``: the input of a Lorentz / Polar fully connected layer."""
         a = p[..., :1] / self.sqrt_k
         return torch.cat([torch.cosh(a), torch.sinh(a) * p[..., 1:]], dim=-1)
 
     def klein(self, p: Tensor) -> Tensor:
-        """Klein vector ``chi = tanh(a) u = x_s / x_0`` (Eq. 8)."""
         return torch.tanh(p[..., :1] / self.sqrt_k) * p[..., 1:]
 
     def space(self, p: Tensor) -> Tensor:
@@ -222,7 +290,6 @@ class PolarOps(ManifoldOps):
         out[..., 1] = 1.0
         return out
 
-    # geometry ------------------------------------------------------------------------------
     def sq_distance(self, p: Tensor, q: Tensor) -> Tensor:
         return sq_distance(p[..., 0], p[..., 1:], q[..., 0], q[..., 1:], self.k)
 
@@ -230,19 +297,15 @@ class PolarOps(ManifoldOps):
         return pairwise_sq_distance(p[..., 0], p[..., 1:], q[..., 0], q[..., 1:], self.k)
 
     def centroid(self, p: Tensor, weights: Tensor) -> Tensor:
-        """``p (..., M, n+1)``, ``weights (..., N, M)`` -> ``(..., N, n+1)`` (Eq. 22)."""
         return self.make(*centroid(p[..., 0], p[..., 1:], weights, self.k))
 
     def gyrocenter(self, center: Tensor, p: Tensor) -> Tensor:
-        """``(-)center (+) p`` (Eq. 21)."""
         return self.make(*gyrocenter(center[..., 0], center[..., 1:], p[..., 0], p[..., 1:], self.k))
 
     def gyroadd_space(self, bias_space: Tensor, p: Tensor) -> Tensor:
-        """``b (+) p`` for a bias point given by its space coordinates (smooth at the origin)."""
         return self.make(*gyroadd_space(bias_space, p[..., 0], p[..., 1:], self.k))
 
     def scale(self, p: Tensor, factor: Tensor) -> Tensor:
-        """Gyro scalar multiplication ``t (x) p``: the radius is scaled, the direction kept."""
         return self.make(p[..., 0] * factor, p[..., 1:])
 
     def horoshift(self, p: Tensor, t: Tensor, ideal_axis: int, shift_axis: int) -> Tensor:
@@ -254,22 +317,11 @@ class PolarOps(ManifoldOps):
     def rotate(self, p: Tensor, t: Tensor, axis_a: int, axis_b: int) -> Tensor:
         return self.make(*rotate(p[..., 0], p[..., 1:], t, axis_a, axis_b))
 
-    def concat_heads(self, p: Tensor) -> Tensor:
-        if self.fused:  # no autograd graph of its intermediates (a compiled kernel when training on the CPU)
-            return recomputed(packed_direct_concat, p, constants=(self.k,))
-        return packed_direct_concat(p, self.k)
-
     def beta_concat_heads(self, p: Tensor) -> Tensor:
         return self.make(*beta_concat(p[..., 0], p[..., 1:]))
 
     def beta_split_heads(self, p: Tensor, heads: int) -> Tensor:
         return self.make(*beta_split(p[..., 0], p[..., 1:], heads))
-
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
-                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
-        out = polar_attention(q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], scale, self.k,
-                              impl=implementation, return_probs=return_probs)
-        return self.make(out[0], out[1]), (out[2] if return_probs else None)
 
     def hyperplane_margin(self, p: Tensor, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
         """``cosh(a) [c1 cos - c2] - c1 cos e^{-a}`` with ``cos = u . z_hat``: the large terms never cancel."""
@@ -277,12 +329,51 @@ class PolarOps(ManifoldOps):
         cos = p[..., 1:] @ z_hat.t()
         return torch.cosh(a) * (c1 * cos - c2) - c1 * cos * torch.exp(-a)
 
-    def readout(self, output) -> Tensor:
+    def readout(self, output) -> Tensor:  # noqa: ANN001 - a PolarViTModelOutput
         return output.pooler_polar
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
+                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
+        impl = select_implementation(implementation, return_probs, q.device, q.shape[2], self.auto_attention)
+        out = polar_attention(q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], scale, self.k,
+                              impl=impl, return_probs=return_probs)
+        return self.make(out[0], out[1]), (out[-1] if return_probs else None)
+
+    def concat_heads(self, p: Tensor) -> Tensor:
+        return packed_direct_concat(p, self.k)
+
+
+class PolarOps(_PolarPoints):
+    """Polar points, the reference: every operation from the functions of :mod:`geometry`, differentiated by
+    autograd."""
+
+
+class FusedPolarOps(_PolarPoints):
+    """Polar points, the fused layers: the same formulas as autograd Functions with hand-derived backward passes
+    that save only inputs, outputs and per-token scalars (compiled CPU kernels when training)."""
+
+    auto_attention = "fused"
+
+    def polar_fc(self, p: Tensor, weight: Tensor, rule: Rule | None, heads: int,
+                 activation: Callable | None = None) -> Tensor:
+        return fused_polar_fc(p, weight, rule, self.sqrt_k, heads, activation)
+
+    def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
+        return fused_gyro_layer_norm(p, log_gain, bias_space, self.k, eps)
+
+    def boost_residual(self, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None) -> Tensor:
+        return fused_boost_residual(x, f, alpha, strength, self.sqrt_k)
+
+    def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:
+        return fused_reserved_axes_encoding(p, t_rows, t_cols, kind, self.sqrt_k)
+
+    def concat_heads(self, p: Tensor) -> Tensor:
+        """No autograd graph of its intermediates (a compiled kernel when training on the CPU)."""
+        return recomputed(packed_direct_concat, p, constants=(self.k,))
 
 
 class AmbientOps(ManifoldOps):
-    """Arithmetic on ambient coordinates ``[x_0, x_s]``: the textbook Lorentz formulas."""
+    """Ambient coordinates ``[x_0, x_s]``: the textbook Lorentz formulas (the paper's baseline)."""
 
     name = "ambient"
 
@@ -364,14 +455,14 @@ class AmbientOps(ManifoldOps):
         x = p / self.sqrt_k
         return c1 * (x[..., 1:] @ z_hat.t()) - c2 * x[..., :1]
 
-    def readout(self, output) -> Tensor:
+    def readout(self, output) -> Tensor:  # noqa: ANN001 - a PolarViTModelOutput
         return output.pooler_output
 
 
 def make_ops(arithmetic: str, k: float, fused: bool = False) -> ManifoldOps:
-    """The arithmetic named by ``config.arithmetic``; ``fused`` (``config.fused_ops``) applies to polar only."""
+    """The strategy of ``config.arithmetic`` and ``config.fused_ops`` (the fused layers exist in polar form only)."""
     if arithmetic == "polar":
-        return PolarOps(k, fused)
+        return FusedPolarOps(k) if fused else PolarOps(k)
     if arithmetic == "ambient":
         return AmbientOps(k)
     raise ValueError(f"arithmetic={arithmetic!r} is not one of ('polar', 'ambient')")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from functools import cache, lru_cache
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,7 +52,7 @@ def icosahedron() -> tuple[Tensor, Tensor]:
 class _Subdivision:
     """Vertices of the recursive midpoint subdivision, each edge midpoint made once: ``normalize((x_a + x_b) / 2)``."""
 
-    def __init__(self, vertices: Tensor):
+    def __init__(self, vertices: Tensor) -> None:
         self.points = [tuple(point) for point in vertices.tolist()]
         self.midpoints: dict[tuple[int, int], int] = {}
 
@@ -74,9 +75,9 @@ class _Subdivision:
         """Vertex ids of ``face`` subdivided ``depth`` times, keyed by integer barycentric ``(a, b, c)``
         (sum ``2^depth``)."""
         n = 2**depth
-        grid = {}
+        grid: dict[tuple[int, int, int], int] = {}
 
-        def visit(ids, coords, level):
+        def visit(ids: tuple[int, int, int], coords: tuple[tuple[int, int, int], ...], level: int) -> None:
             if level == 0:
                 grid.update(zip(coords, ids))
                 return
@@ -98,6 +99,11 @@ def barycentric_slots(n: int) -> list[tuple[int, int, int]]:
 
 
 @cache
+def _rotated(slot: tuple[int, int, int], shift: int) -> tuple[int, int, int]:
+    """The barycentric slot ``(a, b, c)`` read in the orientation that starts ``shift`` corners later."""
+    return slot[(0 - shift) % 3], slot[(1 - shift) % 3], slot[(2 - shift) % 3]
+
+
 def icosphere_patches(level: int, patch_level: int) -> tuple[Tensor, Tensor, Tensor]:
     """The icosphere of ``level`` and its lifted patches of ``patch_level``.
 
@@ -118,7 +124,7 @@ def icosphere_patches(level: int, patch_level: int) -> tuple[Tensor, Tensor, Ten
     for face in levels[patch_level]:
         grid = mesh.patch(face, depth)
         for shift in range(3):  # orientation o reads weights (a, b, c) on the corners (face[o], face[o+1], face[o+2])
-            index.append([grid[tuple((a, b, c)[(i - shift) % 3] for i in range(3))] for a, b, c in slots])
+            index.append([grid[_rotated((a, b, c), shift)] for a, b, c in slots])
             corners.append([face[(shift + i) % 3] for i in range(3)])
     points = torch.tensor(mesh.points, dtype=torch.float64)
     assert points.shape[0] == 10 * 4**level + 2, "icosphere vertex count"
@@ -214,7 +220,7 @@ def wigner_degree(head_dim: int) -> int:
     return math.isqrt(head_dim) - 1
 
 
-def _e3nn_o3():
+def _e3nn_o3() -> Any:
     try:
         from e3nn import o3
     except ImportError as error:  # only spherical models need it

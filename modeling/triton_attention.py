@@ -26,13 +26,15 @@ import math
 import torch
 from torch import Tensor
 
-from .fused import row_gradients
+from .fused_attention import row_gradients
+from .stable_math import SERIES_CUTOFF
 
 try:
     import triton
     import triton.language as tl
 
     TRITON_AVAILABLE = True
+    SERIES_CUTOFF_TL = tl.constexpr(SERIES_CUTOFF)  # stable_math's cut-off, as a Triton compile-time constant
 except ImportError:  # pragma: no cover - triton is optional
     triton = None
     tl = None
@@ -67,7 +69,8 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _asinhc_half(c):
-        """``asinh(s) / s`` with ``s = sqrt(c/2)``, ``c >= 0`` (series for small ``c``)."""
+        """``asinh(s) / s`` with ``s = sqrt(c/2)``, ``c >= 0``: :func:`stable_math.asinhc_half` in Triton (the
+        non-negative ``asinh`` of :func:`stable_math.asinh_nonneg`, its series below ``SERIES_CUTOFF``)."""
         s2 = 0.5 * c
         s = tl.sqrt(s2)
         big = s > 1e15
@@ -75,11 +78,11 @@ if TRITON_AVAILABLE:
         asinh_mid = _log1p(s_mid + s2 / (1.0 + tl.sqrt(1.0 + s2)))
         asinh = tl.where(big, tl.log(tl.where(big, s, 1.0)) + 0.6931471805599453, asinh_mid)
         exact = asinh / tl.where(s > 0, s, 1.0)
-        return tl.where(c < 1e-4, 1.0 - s2 / 6.0 + 0.075 * s2 * s2, exact)
+        return tl.where(c < SERIES_CUTOFF_TL, 1.0 - s2 / 6.0 + 0.075 * s2 * s2, exact)
 
     @triton.jit
     def _asinh_exp(ell):
-        """``asinh(exp(l))`` without overflow."""
+        """``asinh(exp(l))`` without overflow: :func:`stable_math.asinh_exp` in Triton."""
         pos = tl.maximum(ell, 0.0)
         neg = tl.minimum(ell, 0.0)
         large = pos + tl.log(1.0 + tl.sqrt(1.0 + tl.exp(-2.0 * pos)))

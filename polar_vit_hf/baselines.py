@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface, ViTConfig, ViTForImageClassification
@@ -37,7 +39,7 @@ def euclidean_vit(config: PolarViTConfig) -> ViTForImageClassification:
 
 
 def so3_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                       so3_rope: Tensor | None = None, **kwargs) -> tuple[Tensor, Tensor | None]:
+                       so3_rope: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
     """SO(3)-RoPE (Eq. 2) then transformers' SDPA attention: queries and keys ``(B, H, N, d)`` multiplied by
     ``so3_rope (N, m, m)`` on their first ``m`` axes, so ``q^T pi(U)^T pi(V) k = q^T pi(U^{-1} V) k`` (Eq. 3)."""
     if so3_rope is not None:
@@ -58,7 +60,7 @@ class SphericalViTForImageClassification(ViTPreTrainedModel):
     ``longitude_encoding``); build one with :func:`euclidean_spherical_vit`.
     """
 
-    def __init__(self, config: ViTConfig):
+    def __init__(self, config: ViTConfig) -> None:
         super().__init__(config)
         features = patch_features(config.num_channels, config.icosphere_level, config.patch_level,
                                   config.longitude_encoding)
@@ -68,7 +70,7 @@ class SphericalViTForImageClassification(ViTPreTrainedModel):
                                     if config.position_embedding == "learned" else None)
         self.layers = nn.ModuleList([ViTLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, cast(int, config.num_labels))
         self.post_init()
 
     def rope(self, dtype: torch.dtype) -> Tensor | None:
@@ -79,7 +81,7 @@ class SphericalViTForImageClassification(ViTPreTrainedModel):
         rope = token_rope(self.config.icosphere_level, self.config.patch_level, head_dim)
         return rope.to(device=self.classifier.weight.device, dtype=dtype)
 
-    def forward(self, pixel_values: Tensor, labels: Tensor | None = None, **kwargs) -> ImageClassifierOutput:
+    def forward(self, pixel_values: Tensor, labels: Tensor | None = None, **kwargs: Any) -> ImageClassifierOutput:
         config = self.config
         patches = lift_patches(pixel_values.to(self.classifier.weight.dtype), config.icosphere_level,
                                config.patch_level, config.longitude_encoding)

@@ -8,6 +8,7 @@ shows the traceback instead.  Any other exception is an internal error and keeps
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
@@ -56,7 +57,7 @@ def user_message(error: UserError) -> str:
     return last.split(": ", 1)[1] if last.startswith(f"{type(error).__name__}: ") else last
 
 
-def add_debug_flag(parser) -> None:
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """The ``--debug`` option every command has."""
     parser.add_argument("--debug", action="store_true",
                         help=f"show the traceback of user errors too (or set {DEBUG_ENV}=1)")

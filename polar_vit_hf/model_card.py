@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib.resources import as_file, files
+from typing import TYPE_CHECKING
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+if TYPE_CHECKING:
+    from .modeling import PolarViTConfig, PolarViTForImageClassification
 
 TEMPLATE = files("polar_vit_hf") / "model_card_template.md"  # shipped inside the wheel
 
@@ -34,7 +38,7 @@ class Result:
     top5: float | None = None
 
 
-def detect_preset(config) -> str:
+def detect_preset(config: PolarViTConfig) -> str:
     """The preset whose sizes match ``config`` (or ``custom``)."""
     from .modeling.configuration_polar_vit import PRESETS
 
@@ -45,7 +49,7 @@ def detect_preset(config) -> str:
     return "custom"
 
 
-def render_model_card(model, repo_id: str, results: list[Result], training_summary: str,
+def render_model_card(model: PolarViTForImageClassification, repo_id: str, results: list[Result], training_summary: str,
                       datasets: list[str] | None = None, license: str = "apache-2.0", base_model: str | None = None,
                       base_model_revision: str | None = None) -> ModelCard:
     """The card of ``model`` (a ``PolarViTForImageClassification``) for the Hub repository ``repo_id``;

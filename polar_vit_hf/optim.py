@@ -28,7 +28,8 @@ Two weight-decay conventions (group option ``decoupled_wd``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +56,8 @@ def decay_coefficient(group: dict) -> float:
 def euclidean_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups for a Euclidean ViT: weight matrices (``.weight`` of two or more dimensions) decayed, biases,
     norms, position tables and class tokens not (big_vision's ``kernel``-only decay, timm's rule)."""
-    decay, rest = [], []
+    decay: list[nn.Parameter] = []
+    rest: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
@@ -75,7 +77,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     * everything else (weight matrices, position tables, head hyperplanes): AdamW decay.
     """
     k = float(getattr(getattr(model, "config", None), "k", 1.0))
-    groups = {
+    groups: dict[str, dict[str, Any]] = {
         "decay": dict(params=[], names=[], weight_decay=weight_decay),
         "no_decay": dict(params=[], names=[], weight_decay=0.0),
         "radius": dict(params=[], names=[], weight_decay=weight_decay, decay_to=[]),
@@ -111,7 +113,7 @@ class RiemannianAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, decoupled_wd: bool = False):
+                 eps: float = 1e-8, weight_decay: float = 0.0, decoupled_wd: bool = False) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid RiemannianAdamW hyper-parameters lr={lr} betas={betas} eps={eps} "
                              f"weight_decay={weight_decay}")
@@ -120,7 +122,7 @@ class RiemannianAdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: D102
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]  # noqa: D102
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -1,9 +1,37 @@
-"""Shared test helpers: random polar points."""
+"""Shared test helpers: random polar points, attention inputs and their float64 check, the model switches."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
+
+import polar_vit_hf as P
+from polar_vit_hf.geometry import distance
+from polar_vit_hf.modeling.attention import eager_polar_attention
+
+F64 = torch.float64
+
+# one config override per ablation switch of the paper (Tables 5, 6) and the neighbouring systems
+SWITCHES = [
+    dict(relative_position="horoshift"),
+    dict(relative_position="boost"),
+    dict(relative_position="rotation"),
+    dict(relative_position="none"),
+    dict(residual="space"),
+    dict(residual="lorentz_midpoint"),
+    dict(linear="lorentz"),
+    dict(readout="cls"),
+    dict(head="poincare_mlr"),
+    dict(head="tangent_linear"),
+    dict(position_embedding="sincos"),
+    dict(position_embedding="none"),
+    dict(position_embedding="hypformer"),
+    dict(head_merge="beta_concat"),
+    dict(k=0.5),
+]
+
 
 
 def unit(v: Tensor) -> Tensor:
@@ -23,3 +51,87 @@ def near(u: Tensor, angle: float, generator: torch.Generator | None = None) -> T
     noise = torch.randn(u.shape, dtype=u.dtype, generator=generator)
     noise = noise - (noise * u).sum(-1, keepdim=True) * u
     return unit(u + angle * unit(noise))
+
+
+def directions(*shape: int, case: str = "generic", seed: int = 0) -> torch.Tensor:
+    """Unit directions; ``aligned``: all equal; ``identical`` is handled by the callers (radii too)."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.nn.functional.normalize(torch.randn(*shape, generator=gen, dtype=F64), dim=-1)
+    if case == "aligned":
+        u[:] = u.reshape(-1, shape[-1])[:1]
+    return u
+
+
+def radii(*shape: int, rmax: float, seed: int = 0) -> torch.Tensor:
+    """Radii spread over ``[0.7 rmax, rmax]`` (exactly ``rmax = 0`` gives the origin)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return rmax * (0.7 + 0.3 * torch.rand(*shape, generator=gen, dtype=F64))
+
+
+# attention: stored float32 inputs, their float64 reference, and the accuracy check every core must pass
+def make_inputs(batch=2, heads=2, n_q=20, n_k=20, dim=16, rmax=4.0, seed=0, case="generic"):
+    gen = torch.Generator().manual_seed(seed)
+
+    def points(n, low, high):
+        r = low + (high - low) * torch.rand(batch, heads, n, generator=gen, dtype=F64)
+        u = torch.nn.functional.normalize(torch.randn(batch, heads, n, dim, generator=gen, dtype=F64), dim=-1)
+        return r, u
+
+    rq, uq = points(n_q, 0.0, rmax)
+    rk, uk = points(n_k, 0.0, rmax)
+    rv, uv = points(n_k, 0.0, rmax)
+    rq[..., 0] = 0.0  # a query at the origin
+    if case == "dominant":  # one key right on top of each query's first neighbour: the softmax is one-hot
+        rk[..., 3], uk[..., 3, :] = rq[..., 0].clone() + 0.01, uq[..., 0, :].clone()
+    elif case == "identical":  # all keys and values the same point
+        rk[:] = rk[..., :1]
+        uk[:] = uk[..., :1, :]
+        rv[:] = rv[..., :1]
+        uv[:] = uv[..., :1, :]
+    elif case == "aligned":  # every direction the same
+        for u in (uq, uk, uv):
+            u[:] = uq[:, :, :1, :]
+    scale = 0.3 + torch.rand(heads, generator=gen, dtype=F64)
+    if case == "dominant":
+        scale = scale * 50.0
+    # the float32 inputs every implementation sees, and their exact float64 copies
+    stored = [t.float() for t in (rq, uq, rk, uk, rv, uv, scale)]
+    return stored
+
+
+def reference(stored, k=1.0):
+    leaves = [t.double().requires_grad_(True) for t in stored]
+    r, u, _ = eager_polar_attention(*leaves[:6], leaves[6], k)
+    return leaves, r, u
+
+
+def check(stored, run, k=1.0, seed=0):
+    leaves, r_ref, u_ref = reference(stored, k)
+    gen = torch.Generator().manual_seed(seed + 100)
+    w_r, w_u = torch.randn(r_ref.shape, generator=gen, dtype=F64), torch.randn(u_ref.shape, generator=gen, dtype=F64)
+    grads_ref = torch.autograd.grad((r_ref * w_r).sum() + (u_ref * w_u).sum(), leaves)
+    inputs = [t.clone().requires_grad_(True) for t in stored]
+    r, u = run(*inputs[:6], inputs[6], k)
+    assert r.dtype == torch.float32 and torch.isfinite(r).all() and torch.isfinite(u).all()
+    err = distance(r.double(), u.double(), r_ref.detach(), u_ref.detach(), k)
+    limit = torch.sinh(r_ref.detach() / math.sqrt(k)) * 2.0**-24
+    d2 = P.geometry.pairwise_sq_distance(*[t.detach() for t in leaves[:4]], k)
+    conditioning = 4 * 2.0**-24 * float(leaves[6].max()) * float(d2.max()) * 2 * float(leaves[4].max())
+    assert (err <= 2e-5 + 8 * limit + conditioning).all(), float(err.max())
+    grads = torch.autograd.grad((r * w_r.float()).sum() + (u * w_u.float()).sum(), inputs)
+    overall = max(float(g.abs().max()) for g in grads_ref)  # for inputs whose exact gradient is 0
+    # float32 eager autograd on the same inputs: what float32 itself allows
+    eager_in = [t.clone().requires_grad_(True) for t in stored]
+    r32, u32, _ = eager_polar_attention(*eager_in[:6], eager_in[6], k)
+    grads32 = torch.autograd.grad((r32 * w_r.float()).sum() + (u32 * w_u.float()).sum(), eager_in)
+    for name, got, want, eager32 in zip(("rq", "uq", "rk", "uk", "rv", "uv", "scale"), grads, grads_ref, grads32):
+        # scale sums all N*M pairs, each carrying the softmax row constant's rounding ~ eps cosh(b_max)
+        growth = max(1.0, math.cosh(float(leaves[4].max())) / 100)
+        summed = 1e-4 * overall * growth if name == "scale" else 1e-5 * overall
+        tol = max(2e-4 * want.abs().max() + summed + 1e-7, 4 * (eager32.double() - want).abs().max())
+        assert (got.double() - want).abs().max() <= tol, (name, float((got.double() - want).abs().max()), float(tol))
+
+
+EDGE_CASES = [(case, rmax) for case in ("dominant", "identical", "aligned") for rmax in (0.0, 4.0, 8.0)] + [
+    ("generic", rmax) for rmax in (0.0, 4.0, 8.0, 12.0)
+]

@@ -14,89 +14,25 @@ largest entry overall, for inputs whose exact gradient vanishes, e.g. identical 
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
 import torch
+from helpers import EDGE_CASES, check, make_inputs
 from torch.autograd import gradcheck
 
 import polar_vit_hf as P
-from polar_vit_hf.geometry import distance
 from polar_vit_hf.modeling.attention import (
-    CHUNKED_MIN_TOKENS,
     chunked_polar_attention,
     eager_polar_attention,
     polar_attention,
     select_implementation,
 )
+from polar_vit_hf.modeling.runtime import runtime_options
 from polar_vit_hf.modeling.triton_attention import TRITON_AVAILABLE, triton_polar_attention
 
 F64 = torch.float64
 needs_triton = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed")
-
-
-def make_inputs(batch=2, heads=2, n_q=20, n_k=20, dim=16, rmax=4.0, seed=0, case="generic"):
-    gen = torch.Generator().manual_seed(seed)
-
-    def points(n, low, high):
-        r = low + (high - low) * torch.rand(batch, heads, n, generator=gen, dtype=F64)
-        u = torch.nn.functional.normalize(torch.randn(batch, heads, n, dim, generator=gen, dtype=F64), dim=-1)
-        return r, u
-
-    rq, uq = points(n_q, 0.0, rmax)
-    rk, uk = points(n_k, 0.0, rmax)
-    rv, uv = points(n_k, 0.0, rmax)
-    rq[..., 0] = 0.0  # a query at the origin
-    if case == "dominant":  # one key right on top of each query's first neighbour: the softmax is one-hot
-        rk[..., 3], uk[..., 3, :] = rq[..., 0].clone() + 0.01, uq[..., 0, :].clone()
-    elif case == "identical":  # all keys and values the same point
-        rk[:] = rk[..., :1]
-        uk[:] = uk[..., :1, :]
-        rv[:] = rv[..., :1]
-        uv[:] = uv[..., :1, :]
-    elif case == "aligned":  # every direction the same
-        for u in (uq, uk, uv):
-            u[:] = uq[:, :, :1, :]
-    scale = 0.3 + torch.rand(heads, generator=gen, dtype=F64)
-    if case == "dominant":
-        scale = scale * 50.0
-    # the float32 inputs every implementation sees, and their exact float64 copies
-    stored = [t.float() for t in (rq, uq, rk, uk, rv, uv, scale)]
-    return stored
-
-
-def reference(stored, k=1.0):
-    leaves = [t.double().requires_grad_(True) for t in stored]
-    r, u, _ = eager_polar_attention(*leaves[:6], leaves[6], k)
-    return leaves, r, u
-
-
-def check(stored, run, k=1.0, seed=0):
-    leaves, r_ref, u_ref = reference(stored, k)
-    gen = torch.Generator().manual_seed(seed + 100)
-    w_r, w_u = torch.randn(r_ref.shape, generator=gen, dtype=F64), torch.randn(u_ref.shape, generator=gen, dtype=F64)
-    grads_ref = torch.autograd.grad((r_ref * w_r).sum() + (u_ref * w_u).sum(), leaves)
-    inputs = [t.clone().requires_grad_(True) for t in stored]
-    r, u = run(*inputs[:6], inputs[6], k)
-    assert r.dtype == torch.float32 and torch.isfinite(r).all() and torch.isfinite(u).all()
-    err = distance(r.double(), u.double(), r_ref.detach(), u_ref.detach(), k)
-    limit = torch.sinh(r_ref.detach() / math.sqrt(k)) * 2.0**-24
-    d2 = P.geometry.pairwise_sq_distance(*[t.detach() for t in leaves[:4]], k)
-    conditioning = 4 * 2.0**-24 * float(leaves[6].max()) * float(d2.max()) * 2 * float(leaves[4].max())
-    assert (err <= 2e-5 + 8 * limit + conditioning).all(), float(err.max())
-    grads = torch.autograd.grad((r * w_r.float()).sum() + (u * w_u.float()).sum(), inputs)
-    overall = max(float(g.abs().max()) for g in grads_ref)  # for inputs whose exact gradient is 0
-    # float32 eager autograd on the same inputs: what float32 itself allows
-    eager_in = [t.clone().requires_grad_(True) for t in stored]
-    r32, u32, _ = eager_polar_attention(*eager_in[:6], eager_in[6], k)
-    grads32 = torch.autograd.grad((r32 * w_r.float()).sum() + (u32 * w_u.float()).sum(), eager_in)
-    for name, got, want, eager32 in zip(("rq", "uq", "rk", "uk", "rv", "uv", "scale"), grads, grads_ref, grads32):
-        # scale sums all N*M pairs, each carrying the softmax row constant's rounding ~ eps cosh(b_max)
-        growth = max(1.0, math.cosh(float(leaves[4].max())) / 100)
-        summed = 1e-4 * overall * growth if name == "scale" else 1e-5 * overall
-        tol = max(2e-4 * want.abs().max() + summed + 1e-7, 4 * (eager32.double() - want).abs().max())
-        assert (got.double() - want).abs().max() <= tol, (name, float((got.double() - want).abs().max()), float(tol))
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,10 +44,6 @@ def test_chunked_matches_float64(dim, n_q, n_k, block):
     stored = make_inputs(n_q=n_q, n_k=n_k, dim=dim, seed=dim + n_k)
     check(stored, lambda *a: chunked_polar_attention(*a, block=block), k=0.7)
 
-
-EDGE_CASES = [(case, rmax) for case in ("dominant", "identical", "aligned") for rmax in (0.0, 4.0, 8.0)] + [
-    ("generic", rmax) for rmax in (0.0, 4.0, 8.0, 12.0)
-]
 
 
 @pytest.mark.parametrize("case,rmax", EDGE_CASES)
@@ -200,9 +132,9 @@ def test_triton_block_sizes_are_checked():
 def test_select_implementation():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert select_implementation("auto", True, cuda, 4096) == "eager"
-    assert select_implementation("auto", False, cpu, CHUNKED_MIN_TOKENS) == "chunked"
-    assert select_implementation("auto", False, cpu, 64) == "fused"
-    assert select_implementation("auto", False, cpu, 64, fused=False) == "eager"
+    assert select_implementation("auto", False, cpu, runtime_options().chunked_min_tokens) == "chunked"
+    assert select_implementation("auto", False, cpu, 64, "fused") == "fused"
+    assert select_implementation("auto", False, cpu, 64) == "eager"
     assert select_implementation("chunked", False, cpu, 64) == "chunked"
     assert select_implementation("chunked", True, cpu, 64) == "eager"
     if TRITON_AVAILABLE:

@@ -1,4 +1,4 @@
-"""Compiled CPU kernels of the fused layers (``modeling/fused.py``: :func:`kernel`, :func:`use_kernels`).
+"""Compiled CPU kernels of the fused layers (``modeling/cpu_kernels.py``: :func:`kernel`, :func:`use_kernels`).
 
 Training in float32 on the CPU runs the attention core, the position encodings' scalar part, the gyro layer
 norm, the boost residual and the Polar-FC epilogues through inductor-compiled kernels; these tests turn them
@@ -11,38 +11,36 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_fused import directions, radii
+from helpers import directions, make_inputs, radii
 from transformers.activations import GELUActivation
 
 import polar_vit_hf as P
-from polar_vit_hf.modeling import fused
+from polar_vit_hf.modeling import cpu_kernels, fused_attention as FA, fused_gyro_norm as FG, fused_layers as FL
+from polar_vit_hf.modeling.runtime import runtime_options, use_runtime_options
 
 F64 = torch.float64
 
 
 @pytest.fixture
-def kernels_on(monkeypatch):
+def kernels_on():
     """Kernels on, for tensors of any size (the tests use small ones)."""
-    before = fused.cpu_kernels_enabled()
-    fused.set_cpu_kernels(True)
-    monkeypatch.setattr(fused, "KERNEL_MIN_ELEMENTS", 0)
-    yield
-    fused.set_cpu_kernels(before)
+    with use_runtime_options(cpu_kernels=True, kernel_min_elements=0):
+        yield
 
 
 def test_small_tensors_and_inference_do_not_use_the_kernels():
-    big = torch.zeros(fused.KERNEL_MIN_ELEMENTS)
-    before = fused.cpu_kernels_enabled()
-    fused.set_cpu_kernels(True)
+    big = torch.zeros(runtime_options().kernel_min_elements)
+    before = cpu_kernels.cpu_kernels_enabled()
+    cpu_kernels.set_cpu_kernels(True)
     try:
-        assert fused.use_kernels(big, training=True)
-        assert not fused.use_kernels(big[:-1], training=True)  # too small to win a compile back
-        assert fused.use_kernels(big[:8], training=True, elements=big.numel())  # counted by its pairs (attention)
-        assert not fused.use_kernels(big[:8], training=True, elements=big.numel() - 1)
-        assert not fused.use_kernels(big, training=False)
-        assert not fused.use_kernels(big.double(), training=True)
+        assert cpu_kernels.use_kernels(big, training=True)
+        assert not cpu_kernels.use_kernels(big[:-1], training=True)  # too small to win a compile back
+        assert cpu_kernels.use_kernels(big[:8], training=True, elements=big.numel())  # counted by its pairs
+        assert not cpu_kernels.use_kernels(big[:8], training=True, elements=big.numel() - 1)
+        assert not cpu_kernels.use_kernels(big, training=False)
+        assert not cpu_kernels.use_kernels(big.double(), training=True)
     finally:
-        fused.set_cpu_kernels(before)
+        cpu_kernels.set_cpu_kernels(before)
 
 
 def points(batch: int, tokens: int, dim: int, rmax: float, seed: int) -> torch.Tensor:
@@ -63,11 +61,11 @@ def check_kernels(fn, *inputs, joint_scale: bool = False):
     (or 2e-6 of the largest entry), for the output and every input gradient.  ``joint_scale``: the largest
     entry of all of them (a gradient that vanishes in exact arithmetic, identical keys, is rounding noise of
     the terms that cancel in it, whose size is that of the other gradients)."""
-    fused.set_cpu_kernels(True)
+    cpu_kernels.set_cpu_kernels(True)
     with_kernels = outputs_and_grads(fn, inputs)
-    fused.set_cpu_kernels(False)
+    cpu_kernels.set_cpu_kernels(False)
     eager = outputs_and_grads(fn, inputs)
-    fused.set_cpu_kernels(True)
+    cpu_kernels.set_cpu_kernels(True)
     exact = outputs_and_grads(fn, [t.double() for t in inputs])
     joint = max(float(want.abs().max()) for want in exact)
     for got, eager32, want in zip(with_kernels, eager, exact):
@@ -84,10 +82,10 @@ def test_boost_residual_kernel_matches_eager_and_float64(kernels_on, rmax, drop_
     strength = torch.tensor([[0.0], [2.0]]) if drop_path else None
 
     def fn(x, f, alpha):
-        return fused.fused_boost_residual(x, f, alpha, None if strength is None else strength.to(x.dtype), 1.0)
+        return FL.fused_boost_residual(x, f, alpha, None if strength is None else strength.to(x.dtype), 1.0)
 
     check_kernels(fn, x, f, alpha)
-    assert fused._boost_residual_output in fused._KERNELS["compiled"]
+    assert FL._boost_residual_forward in cpu_kernels.compiled_functions()
 
 
 @pytest.mark.parametrize("activation,heads,rule", [(GELUActivation(), 1, True), (None, 3, True), (None, 1, False)])
@@ -100,28 +98,26 @@ def test_polar_fc_epilogue_kernels_match_eager(kernels_on, activation, heads, ru
                        torch.full((heads,), -0.3)) if rule else ()
 
     def fn(p, weight, *rule_parameters):
-        return fused.fused_polar_fc(p, weight, rule_parameters or None, 1.0, heads, activation)
+        return FL.fused_polar_fc(p, weight, rule_parameters or None, 1.0, heads, activation)
 
     check_kernels(fn, p, weight, *rule_parameters)
-    assert fused._polar_fc_epilogue in fused._KERNELS["compiled"]
+    assert FL.polar_fc_epilogue in cpu_kernels.compiled_functions()
 
 
 @pytest.mark.parametrize("case", ["generic", "identical", "dominant"])
 @pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
-def test_attention_kernels_match_eager_and_float64(kernels_on, monkeypatch, case, rmax):
+def test_attention_kernels_match_eager_and_float64(kernels_on, case, rmax):
     """The attention core's group forward and backward as compiled kernels (several groups, the last one
     partial), against the same float32 inputs run eagerly and against float64."""
-    from test_attention import make_inputs
-
-    monkeypatch.setattr(fused, "GROUP_ELEMENTS", 2 * 2 * 11 * 13)  # 2 samples per group, the last one partial
     stored = [t.float() for t in make_inputs(batch=3, heads=2, n_q=11, n_k=13, dim=8, rmax=rmax, case=case)]
 
     def fn(*args):
-        r, u = fused.fused_polar_attention(*args, 0.8)
+        r, u = FA.fused_polar_attention(*args, 0.8)
         return torch.cat([r.unsqueeze(-1), u], dim=-1)
 
-    check_kernels(fn, *stored, joint_scale=case == "identical")
-    assert {fused._attention_group_forward, fused._attention_group_backward} <= set(fused._KERNELS["compiled"])
+    with use_runtime_options(attention_group_elements=2 * 2 * 11 * 13):  # 2 samples per group, the last partial
+        check_kernels(fn, *stored, joint_scale=case == "identical")
+    assert {FA._attention_group_forward, FA._attention_group_backward} <= set(cpu_kernels.compiled_functions())
 
 
 @pytest.mark.parametrize("kind", ["horoshift", "boost", "rotation"])
@@ -134,10 +130,10 @@ def test_reserved_axes_encoding_kernels_match_eager_and_float64(kernels_on, kind
     t_rows, t_cols = torch.linspace(-0.6, 0.9, 18).view(6, 3), torch.linspace(0.8, -0.4, 18).view(6, 3)
 
     def fn(p, t_rows, t_cols):
-        return fused.fused_reserved_axes_encoding(p, t_rows, t_cols, kind, 1.1)
+        return FL.fused_reserved_axes_encoding(p, t_rows, t_cols, kind, 1.1)
 
     check_kernels(fn, p, t_rows, t_cols)
-    assert {fused._reserved_axes_scalars, fused._reserved_axes_scalar_gradients} <= set(fused._KERNELS["compiled"])
+    assert {FL._reserved_axes_scalars, FL._reserved_axes_scalar_gradients} <= set(cpu_kernels.compiled_functions())
 
 
 @pytest.mark.parametrize("bias_scale", [0.1, 3.0])  # bias point near the origin (Eq. 20 directly) and beyond
@@ -149,25 +145,25 @@ def test_gyro_layer_norm_kernels_match_eager_and_float64(kernels_on, bias_scale,
     bias = torch.linspace(-1.0, 1.0, 12) * bias_scale / 12**0.5
 
     def fn(p, log_gain, bias):
-        return fused.fused_gyro_layer_norm(p, log_gain, bias, 0.9, 1e-5)
+        return FG.fused_gyro_layer_norm(p, log_gain, bias, 0.9, 1e-5)
 
     check_kernels(fn, p, log_gain, bias)
-    assert {fused._gyro_norm_saved, fused._gyro_norm_gradients} <= set(fused._KERNELS["compiled"])
+    assert {FG._saved_forward, FG._gradients} <= set(cpu_kernels.compiled_functions())
 
 
 @pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
 def test_recomputed_direct_concat_kernels_match_eager_and_float64(kernels_on, rmax):
     """The heads' direct concatenation (a RecomputedFunction) as compiled forward and vjp kernels."""
-    from polar_vit_hf.modeling.manifold_ops import PolarOps, packed_direct_concat
+    from polar_vit_hf.modeling.manifold_ops import FusedPolarOps, packed_direct_concat
 
     r = radii(2, 6, 3, rmax=rmax, seed=9) * torch.tensor([1.0, 0.5, 1.5], dtype=torch.float64)
     p = torch.cat([r.unsqueeze(-1), directions(2, 6, 3, 3, seed=9)], dim=-1).float()  # (B, N, H, d+1)
 
     def fn(p):
-        return PolarOps(0.9, True).concat_heads(p)
+        return FusedPolarOps(0.9).concat_heads(p)
 
     check_kernels(fn, p)
-    assert fused._bound(packed_direct_concat, (0.9,)) in fused._KERNELS["compiled"]
+    assert cpu_kernels.bound(packed_direct_concat, (0.9,)) in cpu_kernels.compiled_functions()
 
 
 def test_training_step_with_kernels_matches_eager_and_inference_stays_eager(kernels_on):
@@ -177,7 +173,7 @@ def test_training_step_with_kernels_matches_eager_and_inference_stays_eager(kern
     pixels, labels = torch.randn(2, 3, 32, 32), torch.tensor([1, 7])
     results = []
     for on in (True, False):
-        fused.set_cpu_kernels(on)
+        cpu_kernels.set_cpu_kernels(on)
         loss = model(pixel_values=pixels, labels=labels).loss
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
@@ -186,12 +182,12 @@ def test_training_step_with_kernels_matches_eager_and_inference_stays_eager(kern
     assert torch.allclose(loss_k, loss_e, rtol=1e-6)
     scale = max(float(g.abs().max()) for g in grads_e)
     assert max(float((a - b).abs().max()) for a, b in zip(grads_k, grads_e)) <= 1e-4 * scale
-    fused._KERNELS["compiled"].clear()
-    fused.set_cpu_kernels(True)
+    cpu_kernels.clear_compiled()
+    cpu_kernels.set_cpu_kernels(True)
     with torch.no_grad():
         model.eval()(pixel_values=pixels)
     model.double()(pixel_values=pixels.double(), labels=labels).loss.backward()
-    assert not fused._KERNELS["compiled"]  # inference and float64 never compile
+    assert not cpu_kernels.compiled_functions()  # inference and float64 never compile
 
 
 def test_a_compiler_failure_warns_once_and_runs_eager(kernels_on, monkeypatch):
@@ -200,13 +196,13 @@ def test_a_compiler_failure_warns_once_and_runs_eager(kernels_on, monkeypatch):
             raise RuntimeError("no C++ compiler")
         return run
 
-    fused._KERNELS["compiled"].clear()
+    cpu_kernels.clear_compiled()
     monkeypatch.setattr(torch, "compile", broken)
     x, f = points(1, 5, 8, 2.0, 4).float(), points(1, 5, 8, 2.0, 5).float()
     alpha = torch.tensor(0.5, requires_grad=True)
     with pytest.warns(UserWarning, match="compiled CPU kernels unavailable.*no C\\+\\+ compiler"):
-        out = fused.fused_boost_residual(x, f, alpha, None, 1.0)
-    assert fused._KERNELS["compiled"][fused._boost_residual_output] is fused._boost_residual_output
-    fused.set_cpu_kernels(False)
-    assert torch.equal(out, fused.fused_boost_residual(x, f, alpha, None, 1.0))
-    fused._KERNELS["compiled"].clear()
+        out = FL.fused_boost_residual(x, f, alpha, None, 1.0)
+    assert cpu_kernels.compiled_functions()[FL._boost_residual_forward] is FL._boost_residual_forward
+    cpu_kernels.set_cpu_kernels(False)
+    assert torch.equal(out, FL.fused_boost_residual(x, f, alpha, None, 1.0))
+    cpu_kernels.clear_compiled()

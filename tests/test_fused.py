@@ -1,4 +1,4 @@
-"""Fused polar layers (``modeling/fused.py``) against the reference layers differentiated by autograd.
+"""Fused polar layers (``FusedPolarOps``, ``modeling/fused_*.py``) against the reference differentiated by autograd.
 
 Every fused ``torch.autograd.Function`` is checked with ``gradcheck`` in float64 at radii 0, 0.5, 4, 8
 and 12 (aligned directions, identical tokens, zero weights included), and whole models with
@@ -13,42 +13,21 @@ import math
 import mpmath
 import pytest
 import torch
-from test_attention import EDGE_CASES, check, make_inputs
-from test_model import SWITCHES
+from helpers import EDGE_CASES, SWITCHES, check, directions, make_inputs, radii
 from torch.autograd import gradcheck
 
 import polar_vit_hf as P
-from polar_vit_hf.modeling.fused import (
-    asinh_sqrt_half,
-    cosh_minus_one,
-    fused_boost_residual,
-    fused_gyro_layer_norm,
-    fused_polar_attention,
-    fused_polar_fc,
-    fused_reserved_axes_encoding,
-    sinh_cosh,
-)
-from polar_vit_hf.modeling.geometry import asinh_exp
-from polar_vit_hf.modeling.manifold_ops import PolarOps
+from polar_vit_hf.modeling import fused_layers
+from polar_vit_hf.modeling.fused_attention import fused_polar_attention
+from polar_vit_hf.modeling.fused_gyro_norm import fused_gyro_layer_norm
+from polar_vit_hf.modeling.fused_layers import fused_boost_residual, fused_polar_fc, fused_reserved_axes_encoding
+from polar_vit_hf.modeling.manifold_ops import FusedPolarOps, PolarOps
 from polar_vit_hf.modeling.modeling_polar_vit import RELATIVE_POSITION_CLASSES, BoostResidual, GyroLayerNorm, PolarFC
+from polar_vit_hf.modeling.runtime import use_runtime_options
+from polar_vit_hf.modeling.stable_math import asinh_exp, asinh_sqrt_half, cosh_minus_one, sinh_cosh
 
 F64 = torch.float64
 RADII = (0.0, 0.5, 4.0, 8.0, 12.0)
-
-
-def directions(*shape: int, case: str = "generic", seed: int = 0) -> torch.Tensor:
-    """Unit directions; ``aligned``: all equal; ``identical`` is handled by the callers (radii too)."""
-    gen = torch.Generator().manual_seed(seed)
-    u = torch.nn.functional.normalize(torch.randn(*shape, generator=gen, dtype=F64), dim=-1)
-    if case == "aligned":
-        u[:] = u.reshape(-1, shape[-1])[:1]
-    return u
-
-
-def radii(*shape: int, rmax: float, seed: int = 0) -> torch.Tensor:
-    """Radii spread over ``[0.7 rmax, rmax]`` (exactly ``rmax = 0`` gives the origin)."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    return rmax * (0.7 + 0.3 * torch.rand(*shape, generator=gen, dtype=F64))
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,16 +88,14 @@ def test_fused_attention_gradcheck(case, rmax):
 
 def test_fused_attention_groups_and_saves_nothing_quadratic(monkeypatch):
     """Several (batch, head) groups give the same result as one; autograd keeps nothing of size N x M."""
-    from polar_vit_hf.modeling import fused
-
     stored = make_inputs(batch=3, heads=2, n_q=12, n_k=12, dim=8, rmax=4.0)
     args = [t.double().requires_grad_(True) for t in stored]
     one = fused_polar_attention(*args)
     g_one = torch.autograd.grad(one[0].sum() + one[1].square().sum(), args)
-    monkeypatch.setattr(fused, "GROUP_ELEMENTS", 2 * 2 * 12 * 12)  # 2 samples per group, the last one partial
     sizes = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-        two = fused_polar_attention(*args)
+    with use_runtime_options(attention_group_elements=2 * 2 * 12 * 12), \
+            torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+        two = fused_polar_attention(*args)  # 2 samples per group, the last one partial
     g_two = torch.autograd.grad(two[0].sum() + two[1].square().sum(), args)
     assert max(sizes) < 12 * 12 * 6  # inputs and per-row statistics only
     assert all(torch.equal(a, b) for a, b in zip(one, two))
@@ -143,7 +120,7 @@ def test_fused_polar_fc_matches_reference_and_gradcheck(activation, rule, heads)
     u = directions(6, 6)
     u[-1] = u[-2]  # identical tokens
     p = PolarOps.make(r, u).requires_grad_(True)
-    ref, got = fc(p, PolarOps(k, fused=False)), fc(p, PolarOps(k, fused=True))
+    ref, got = fc(p, PolarOps(k)), fc(p, FusedPolarOps(k))
     assert torch.allclose(got, ref, rtol=1e-13, atol=1e-13)
     weights = torch.randn_like(ref)
     params = [p, *fc.parameters()]
@@ -159,8 +136,8 @@ def test_fused_polar_fc_with_all_zero_weights_gives_the_origin_with_finite_gradi
     fc = PolarFC(5, 3, 1.0, num_heads=2).double()
     torch.nn.init.zeros_(fc.weight)
     p = PolarOps.make(torch.tensor([0.0, 4.0], dtype=F64), directions(2, 5)).requires_grad_(True)
-    out = fc(p, PolarOps(1.0, fused=True))
-    ref = fc(p, PolarOps(1.0, fused=False))
+    out = fc(p, FusedPolarOps(1.0))
+    ref = fc(p, PolarOps(1.0))
     # h = 0: ln ||h|| is clamped at ln(1e-30), so the radius is ~1e-30 and the direction e_0
     assert torch.equal(out, ref) and torch.all(out[..., 0] < 1e-29) and torch.all(out[..., 1] == 1)
     grads = torch.autograd.grad(out.sum(), [p, *fc.parameters()])
@@ -171,16 +148,15 @@ def test_fused_polar_fc_with_all_zero_weights_gives_the_origin_with_finite_gradi
 def test_polar_fc_gemm_padding_changes_no_value(rule, monkeypatch):
     """The unit coordinates and the weight are zero-padded to a multiple of GEMM_ALIGN (odd widths are slow in
     MKL): the padded and unpadded products agree in float64, forward and every gradient."""
-    from polar_vit_hf.modeling import fused
-
-    assert fused.gemm_width(193) == 200 and fused.gemm_width(192) == 192 and fused.gemm_width(385) == 392
+    assert fused_layers.gemm_width(193) == 200 and fused_layers.gemm_width(192) == 192
+    assert fused_layers.gemm_width(385) == 392
     torch.manual_seed(2)
     fc = PolarFC(9, 6, 1.0, num_heads=2, radius_rule=rule).double()  # n + 1 = 10: padded to 16
     p = PolarOps.make(radii(7, rmax=4.0), directions(7, 9)).requires_grad_(True)
     results = []
     for align in (8, 1):
-        monkeypatch.setattr(fused, "GEMM_ALIGN", align)
-        out = fc(p, PolarOps(1.0, fused=True))
+        monkeypatch.setattr(fused_layers, "GEMM_ALIGN", align)
+        out = fc(p, FusedPolarOps(1.0))
         results.append((out, torch.autograd.grad((out * torch.linspace(-1, 1, out.shape[-1], dtype=F64)).sum(),
                                                  [p, *fc.parameters()])))
     (padded, g_padded), (plain, g_plain) = results
@@ -207,7 +183,7 @@ def test_fused_gyro_layer_norm_matches_reference_and_gradcheck(case, rmax, bias)
     if case == "identical":  # zero dispersion: the centred tokens are rounding noise scaled by 1/sqrt(eps)
         r[:], u[:] = r[:, :1], u[:, :1]
     p = PolarOps.make(r, u).requires_grad_(True)
-    ref, got = norm(p, PolarOps(k, fused=False)), norm(p, PolarOps(k, fused=True))
+    ref, got = norm(p, PolarOps(k)), norm(p, FusedPolarOps(k))
     space = lambda q: torch.sinh(q[..., :1] / math.sqrt(k)) * q[..., 1:]  # noqa: E731 - well defined at the origin
     # to the float64 resolution limit of the inputs, sinh(r) 2^-52 (Prop. 2), amplified by the normalisation;
     # identical tokens: the centred points are that rounding noise times gain / sqrt(eps)
@@ -261,10 +237,10 @@ def test_fused_position_encoding_matches_reference_and_gradcheck(kind, rmax):
     u[1, 2, :, :] = torch.tensor([1.0, 1e-3, 3e-3, 1e-3, 1e-3, 0.0, 0.0], dtype=F64)  # towards the ideal point
     u = torch.nn.functional.normalize(u, dim=-1)
     p = PolarOps.make(r, u).requires_grad_(True)
-    ref = encoding(p, (2, 2), 1, PolarOps(k, fused=False))
-    got = encoding(p, (2, 2), 1, PolarOps(k, fused=True))
+    ref = encoding(p, (2, 2), 1, PolarOps(k))
+    got = encoding(p, (2, 2), 1, FusedPolarOps(k))
     assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
-    if rmax > 0:  # at r = 0 the reference's intermediate safe normalisation cuts the gradient (see fused.py)
+    if rmax > 0:  # at r = 0 the reference's intermediate safe normalisation cuts the gradient (see fused_layers.py)
         weights = torch.randn_like(ref)
         for want, have in zip(torch.autograd.grad((ref * weights).sum(), [p, encoding.rates]),
                               torch.autograd.grad((got * weights).sum(), [p, encoding.rates])):
@@ -283,7 +259,7 @@ def test_fused_position_encoding_at_the_origin_differentiates_the_composition():
     u = directions(1, 4, 1, 6)
     p = PolarOps.make(torch.zeros(1, 4, 1, dtype=F64), u).requires_grad_(True)
     weights = torch.randn(1, 4, 1, 7, dtype=F64)
-    ops = PolarOps(1.0, fused=True)
+    ops = FusedPolarOps(1.0)
     (grad,) = torch.autograd.grad((encoding(p, (2, 2), 0, ops) * weights).sum(), [p])
     step = 1e-7
     moved = p.detach().clone()
@@ -314,7 +290,7 @@ def test_fused_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_p
     weights = None
     for fused in (False, True):
         torch.manual_seed(5)  # the same stochastic-depth draw
-        out = residual(x, f, PolarOps(k, fused=fused))
+        out = residual(x, f, FusedPolarOps(k) if fused else PolarOps(k))
         weights = torch.randn_like(out) if weights is None else weights
         outputs.append(out)
         grads.append(torch.autograd.grad((out * weights).sum(), [x, f, residual.alpha]))
@@ -371,12 +347,12 @@ def test_fused_ops_switch_is_validated_and_read_at_call_time():
     with pytest.raises(ValueError, match="fused_ops"):
         P.PolarViTConfig.from_preset("demo", fused_ops="yes")
     model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo"))
-    assert model.polar_vit.ops.fused
+    assert isinstance(model.polar_vit.ops, FusedPolarOps)
     model.config.fused_ops = False
-    assert not model.polar_vit.ops.fused
+    assert type(model.polar_vit.ops) is PolarOps
     model.set_arithmetic("ambient")
     model.config.fused_ops = True
-    assert not model.polar_vit.ops.fused  # ambient arithmetic is never fused
+    assert not isinstance(model.polar_vit.ops, FusedPolarOps)  # ambient arithmetic is never fused
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,16 +360,18 @@ def test_fused_ops_switch_is_validated_and_read_at_call_time():
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fused", [True, False])
 def test_model_validates_once_at_the_entry_not_in_every_operation(fused, monkeypatch):
-    from polar_vit_hf.modeling import geometry
+    from polar_vit_hf.modeling import geometry, validation
 
     calls = []
-    original = geometry._check_finite
-    def counting(**tensors):  # counts the checks that really scan their inputs
-        if geometry._INPUT_CHECKS["enabled"]:
-            calls.append(sorted(tensors))
-        return original(**tensors)
+    original = validation._values_checkable
 
-    monkeypatch.setattr(geometry, "_check_finite", counting)
+    def counting(t):  # counts the checks that really scan their inputs
+        checkable = original(t)
+        if checkable:
+            calls.append(tuple(t.shape))
+        return checkable
+
+    monkeypatch.setattr(validation, "_values_checkable", counting)
     model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo", fused_ops=fused))
     x = torch.randn(2, 3, 32, 32)
     model(x, labels=torch.tensor([0, 1])).loss.backward()
@@ -423,7 +401,8 @@ def test_pair_chords_round_to_the_exact_float32_chord_eager_and_compiled(spread)
     """The float64 inner-product chords (float32 inputs, eager) against the exact chord of the stored inputs,
     down to nearly equal (recomputed from differences) and equal directions; the compiled kernel's
     coordinate differences within a few ulp of every chord."""
-    from polar_vit_hf.modeling.fused import CHORD_PRODUCT_ABOVE, kernel, pair_chords
+    from polar_vit_hf.modeling.cpu_kernels import kernel
+    from polar_vit_hf.modeling.fused_attention import CHORD_PRODUCT_ABOVE, pair_chords
 
     torch.manual_seed(1)
     base = directions(1, 16).float()
@@ -472,11 +451,11 @@ def test_recomputed_direct_concat_matches_the_reference_and_gradcheck(rmax):
     results = []
     for fused_ops in (True, False):
         leaf = p.clone().requires_grad_(True)
-        out = PolarOps(0.8, fused_ops).concat_heads(leaf)
+        out = (FusedPolarOps if fused_ops else PolarOps)(0.8).concat_heads(leaf)
         (grad,) = torch.autograd.grad((out * weights).sum(), leaf)
         results.append((out.detach(), grad))
     (out_f, grad_f), (out_r, grad_r) = results
     assert torch.equal(out_f, out_r)
     assert torch.allclose(grad_f, grad_r, rtol=1e-12, atol=1e-14)
     if rmax > 0:
-        assert gradcheck(lambda t: PolarOps(0.8, True).concat_heads(t), [p[1:].clone().requires_grad_(True)])
+        assert gradcheck(lambda t: FusedPolarOps(0.8).concat_heads(t), [p[1:].clone().requires_grad_(True)])

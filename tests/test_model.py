@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import SWITCHES
 
 import polar_vit_hf as P
 from polar_vit_hf.geometry import input_checks
@@ -16,23 +17,6 @@ from polar_vit_hf.modeling.modeling_polar_vit import PolarFC
 
 F64 = torch.float64
 
-SWITCHES = [
-    dict(relative_position="horoshift"),
-    dict(relative_position="boost"),
-    dict(relative_position="rotation"),
-    dict(relative_position="none"),
-    dict(residual="space"),
-    dict(residual="lorentz_midpoint"),
-    dict(linear="lorentz"),
-    dict(readout="cls"),
-    dict(head="poincare_mlr"),
-    dict(head="tangent_linear"),
-    dict(position_embedding="sincos"),
-    dict(position_embedding="none"),
-    dict(position_embedding="hypformer"),
-    dict(head_merge="beta_concat"),
-    dict(k=0.5),
-]
 
 
 def demo_config(**overrides) -> P.PolarViTConfig:

@@ -1,0 +1,363 @@
+"""The fused polar attention core (Eq. 5, 9, 22, 25): scores, softmax and centroid in one autograd Function.
+
+For sequences that fit one block (all of ViT-Tiny/Small), :class:`FusedPolarAttention` computes the attention
+of every ``(batch, head)`` slice without keeping anything of size ``N x M`` for backward: it saves the inputs,
+the output and per-row scalars, and its hand-derived backward recomputes the rest.  The samples are processed in
+groups whose ``(head, N, M)`` temporaries stay cache-sized (``attention_group_elements`` of the
+:class:`runtime.RuntimeOptions`), each group by one pure function: a compiled kernel when training in float32
+on the CPU (:mod:`cpu_kernels`).
+
+This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .cpu_kernels import run_maybe_compiled, training
+from .geometry import centroid_radius
+from .runtime import runtime_options
+from .stable_math import distance_slope, safe_normalize, sinh_cosh
+
+CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
+
+__all__ = ["CHORD_PRODUCT_ABOVE", "FusedPolarAttention", "centroid_row_gradients", "chord_operands",
+           "fused_polar_attention", "pair_chords", "row_gradients"]
+
+
+# --------------------------------------------------------------------------------------------
+# chords and distances of all pairs of a group
+# --------------------------------------------------------------------------------------------
+def chord_operands(u: Tensor, right: bool = False) -> Tensor:
+    """Float64 operands whose product is every pair's chord ``1/2 |u_i|^2 + 1/2 |v_j|^2 - u_i.v_j`` (App. D.1).
+
+    Left (``right=False``): ``[u, 1/2 |u|^2, 1]`` ``(G, N, d+2)``; right: ``[-v, 1, 1/2 |v|^2]`` transposed to
+    ``(G, d+2, M)``: one float64 matrix product, no ``N x M`` addition.
+    """
+    dim = u.shape[-1]
+    ops = u.new_empty(*u.shape[:-1], dim + 2, dtype=torch.float64)
+    coords = ops[..., :dim]
+    coords.copy_(u)
+    ops[..., dim + (0 if right else 1)] = 1.0
+    ops[..., dim + (1 if right else 0)] = 0.5 * coords.square().sum(-1)
+    if not right:
+        return ops
+    coords.neg_()
+    return ops.transpose(-1, -2)
+
+
+def pair_chords(u: Tensor, v_t: Tensor) -> Tensor:
+    """``1/2 ||u_i - v_j||^2`` ``(G, N, M)`` for all pairs of ``u (G, N, d)`` and ``v``, given transposed as
+    ``v_t (G, d, M)``: never ``1 - u.v`` in the input precision (App. D.1), never an ``N x M x d`` tensor.
+
+    Float64, and inside a compiled kernel: the exact coordinate differences, one square-add per coordinate (a
+    compiled kernel runs them as one loop over ``M``).  Float32 / half, eager: one float64 product of the
+    :func:`chord_operands`, whose absolute error (``~d 2^-53``) is below ``2e-9`` of every chord
+    ``>= CHORD_PRODUCT_ABOVE``, so the rounded result is the float32 value of the exact chord; the few pairs
+    below that (nearly equal directions) are recomputed from their coordinate differences.
+    """
+    if u.dtype == torch.float64 or torch.compiler.is_compiling():
+        out = (u[..., 0].unsqueeze(-1) - v_t[..., 0, :].unsqueeze(-2)).square()
+        for coord in range(1, u.shape[-1]):
+            diff = u[..., coord].unsqueeze(-1) - v_t[..., coord, :].unsqueeze(-2)
+            out = out.addcmul(diff, diff)
+        return 0.5 * out
+    v = v_t.transpose(-1, -2)
+    out = torch.bmm(chord_operands(u), chord_operands(v, right=True)).to(u.dtype)
+    if bool(out.min() < CHORD_PRODUCT_ABOVE):  # nearly equal directions: exact differences for those pairs
+        g, i, j = (out < CHORD_PRODUCT_ABOVE).nonzero(as_tuple=True)
+        out[g, i, j] = 0.5 * (u[g, i] - v[g, j]).square().sum(-1)
+    return out
+
+
+class GroupRows(NamedTuple):
+    """One group of ``G`` contiguous ``(batch, head)`` slices: directions (keys and values also transposed to
+    ``(G, d, M)``), radii over ``sqrt(k)`` (``a`` queries, ``b`` keys, ``beta`` values), their hyperbolic functions,
+    the per-slice ``scale`` and ``sqrt(4 k scale)``."""
+
+    uq: Tensor
+    uk: Tensor
+    uv: Tensor
+    a: Tensor
+    b: Tensor
+    beta: Tensor
+    sinh_a: Tensor
+    cosh_a: Tensor
+    sinh_b: Tensor
+    cosh_b: Tensor
+    sinh_beta: Tensor
+    cosh_beta: Tensor
+    exp_beta: Tensor
+    scale: Tensor
+    root_coef: Tensor
+    uk_t: Tensor
+    uv_t: Tensor
+
+
+class PairDistances(NamedTuple):
+    """Eq. 5 for all pairs of a group (all ``(G, N, M)``): the scaled distance ``w`` (the score is ``-w^2``),
+    ``asinh s``, ``s^2 = c/2``, ``sqrt(1 + s^2)``, ``t = expm1(|a_i - b_j|)`` and ``a_i - b_j``."""
+
+    w: Tensor
+    asinh_s: Tensor
+    s_sq: Tensor
+    root: Tensor
+    t: Tensor
+    diff: Tensor
+
+
+class RowStatistics(NamedTuple):
+    """What the forward keeps per row for backward: ``log-sum-exp`` of the scores, the softmax-normalised sums
+    ``T, E, S`` and ``||V||`` (Eq. 22), the centroid radius over ``sqrt(k)`` and direction."""
+
+    lse: Tensor
+    big_t: Tensor
+    big_e: Tensor
+    big_s: Tensor
+    v_norm: Tensor
+    a_mu: Tensor
+    u_hat: Tensor
+
+
+def scaled_distances(chord: Tensor, rows: GroupRows) -> PairDistances:
+    """Eq. 5 for all pairs of a group from their chords: ``c / 2 = s^2 = 1/4 t^2 / (1 + t) + 1/2 sinh a_i sinh b_j
+    chord_ij`` with ``t = expm1(|a_i - b_j|)`` (every term non-negative), ``asinh s`` in its non-negative form
+    (:func:`stable_math.asinh_nonneg`, spelled with ``addcdiv``) and ``w = sqrt(4 k scale) asinh s`` (Eq. 9)."""
+    diff = rows.a.unsqueeze(-1) - rows.b.unsqueeze(-2)
+    t = torch.expm1(diff.abs())
+    s_sq = torch.addcdiv(chord * (0.5 * rows.sinh_b).unsqueeze(-2) * rows.sinh_a.unsqueeze(-1), t * t, 1.0 + t,
+                         value=0.25)
+    root = torch.sqrt(1.0 + s_sq)
+    asinh_s = torch.log1p(torch.addcdiv(torch.sqrt(s_sq), s_sq, 1.0 + root))
+    return PairDistances(asinh_s * rows.root_coef, asinh_s, s_sq, root, t, diff)
+
+
+def value_operand(rows: GroupRows) -> Tensor:
+    """``[cosh beta, e^{-beta}, sinh beta v]`` ``(G, M, d+2)``: the operand of the centroid sums (Eq. 22), built
+    inside the group's function (a compiled kernel: no pass of its own)."""
+    return torch.cat([rows.cosh_beta.unsqueeze(-1), rows.exp_beta.unsqueeze(-1),
+                      rows.uv * rows.sinh_beta.unsqueeze(-1)], dim=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# the centroid's row gradients (Eq. 22), shared with the chunked and Triton cores
+# --------------------------------------------------------------------------------------------
+def centroid_row_gradients(
+    grad_r: Tensor, grad_u: Tensor, big_t: Tensor, big_e: Tensor, big_s: Tensor, v_norm: Tensor, a_mu: Tensor,
+    u_hat: Tensor, k: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Backward of the centroid radius (Eq. 22) to the sums ``T, E, S`` (``g_S = g_E``) and the vector ``V``.
+
+    With ``l = ln ||V|| - 1/2 ln(E + S) - 1/2 ln(T + ||V||)`` and ``d a_mu / d l = tanh(a_mu)``, returns
+    ``(g_T, g_E, g_V, row_dot)`` where ``row_dot = g_T T + g_V . V + g_E (E + S)`` is the row constant of the
+    softmax backward when the sums are softmax-weighted.  Rows with ``V = 0`` (the origin) get zero gradients.
+    """
+    degenerate = v_norm <= 0
+    v_safe = torch.where(degenerate, torch.ones_like(v_norm), v_norm)
+    g_l = torch.where(degenerate, torch.zeros_like(a_mu), grad_r * math.sqrt(k) * torch.tanh(a_mu))
+    g_t = -0.5 * g_l / (big_t + v_norm)
+    g_e = -0.5 * g_l / (big_e + big_s)
+    radial = g_l * (1.0 / v_safe - 0.5 / (big_t + v_norm))
+    tangential = (grad_u - (grad_u * u_hat).sum(-1, keepdim=True) * u_hat) / v_safe.unsqueeze(-1)
+    g_v = radial.unsqueeze(-1) * u_hat + torch.where(degenerate.unsqueeze(-1), 0.0, tangential)
+    row_dot = g_t * big_t + (g_v * u_hat).sum(-1) * v_norm + g_e * (big_e + big_s)
+    return g_t, g_e, g_v, row_dot
+
+
+def row_gradients(grad_r: Tensor, grad_u: Tensor, stats: Tensor, a_mu: Tensor, u_hat: Tensor, k: float,
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Per-row partials of an attention output with respect to its softmax-normalised sums (chunked, Triton).
+
+    ``stats`` holds ``(m, l, T, E, S, ||V||)`` per row (sums divided by the softmax denominator ``l``); returns
+    ``(g_T, g_E, g_S, g_V, sum_j p_ij g_p_ij)`` from :func:`centroid_row_gradients` (``g_S = g_E``).
+    """
+    _, _, big_t, big_e, big_s, v_norm = stats
+    g_t, g_e, g_v, row_dot = centroid_row_gradients(grad_r, grad_u, big_t, big_e, big_s, v_norm, a_mu, u_hat, k)
+    return g_t, g_e, g_e, g_v, row_dot
+
+
+# --------------------------------------------------------------------------------------------
+# one group of slices, forward and backward (pure functions: compiled kernels when training)
+# --------------------------------------------------------------------------------------------
+def _attention_group_forward(rows: GroupRows) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Forward of :class:`FusedPolarAttention` on one group: ``(lse, sums, ||V||, u_hat, S)`` with ``sums = (T, E,
+    V)`` ``(G, N, d+2)``; the softmax unnormalised (``exp(w_min^2 - w^2)``, sums divided by the row total: one exp
+    pass, no ``logsumexp``)."""
+    w = scaled_distances(pair_chords(rows.uq, rows.uk_t), rows).w
+    w_min_sq = w.amin(-1, keepdim=True).square()  # the largest score is -w_min^2
+    probs = torch.exp(w_min_sq - w.square())
+    total = probs.sum(-1, keepdim=True)
+    sums = torch.bmm(probs, value_operand(rows)) / total  # (G, N, d+2): T, E, V
+    v_norm = torch.linalg.vector_norm(sums[..., 2:], dim=-1)
+    u_hat = safe_normalize(sums[..., 2:], v_norm)
+    weighted = pair_chords(u_hat, rows.uv_t).mul_(probs).mul_(rows.sinh_beta.unsqueeze(-2))
+    total = total.squeeze(-1)
+    return torch.log(total) - w_min_sq.squeeze(-1), sums, v_norm, u_hat, weighted.sum(-1) / total
+
+
+def _centre(u: Tensor) -> Tensor:
+    """Mean direction ``(G, 1, d)`` for the centred chord gradient (Eq. 25), summed in float64: identical
+    directions then give exactly their own value, so their centred differences vanish."""
+    return u.double().mean(dim=-2, keepdim=True).to(u.dtype) if u.dtype != torch.float64 else u.mean(-2, keepdim=True)
+
+
+def _attention_group_backward(rows: GroupRows, saved: RowStatistics, grad_r: Tensor, grad_u: Tensor, k: float,
+                              ) -> tuple[Tensor, ...]:
+    """Backward of :class:`FusedPolarAttention` on one group (formulas in its docstring): gradients of ``(rq, uq,
+    rk, uk, rv, uv)`` and the per-slice scale gradient (all ``(G, ...)``)."""
+    uq, uk, uv, u_hat, v_norm = rows.uq, rows.uk, rows.uv, saved.u_hat, saved.v_norm
+    sinh_a, sinh_b, sinh_beta = rows.sinh_a, rows.sinh_b, rows.sinh_beta.unsqueeze(-1)
+    values = value_operand(rows)
+    g_t, g_e, g_v, _ = centroid_row_gradients(grad_r, grad_u, saved.big_t, saved.big_e, saved.big_s, v_norm,
+                                              saved.a_mu, u_hat, k)
+    # recompute Eq. 5 and the probabilities from the saved log-sum-exp
+    chord = pair_chords(uq, rows.uk_t)
+    d = scaled_distances(chord, rows)
+    probs = torch.exp(-saved.lse.unsqueeze(-1) - d.w.square())
+    sinh_x = torch.addcdiv(0.5 * d.t, 0.5 * d.t, 1.0 + d.t).copysign_(d.diff)  # sinh(a_i - b_j)
+    # S is stationary in u_hat only in exact arithmetic:
+    # dS/du_hat = g_S (W (u_hat - v_bar) - sum_j w_ij (v_j - v_bar)), w_ij = P_ij sinh beta_j, W = sum_j w_ij,
+    # measures the rounding of u_hat; carried through u_hat = V / |V| it cancels that rounding in dL/dv (centred
+    # differences, Eq. 25, keep it exact for clustered values)
+    v_bar = _centre(uv)
+    centred_v = uv - v_bar
+    sums = probs @ torch.cat([sinh_beta, sinh_beta * centred_v], dim=-1)
+    drift = g_e.unsqueeze(-1) * (sums[..., :1] * (u_hat - v_bar) - sums[..., 1:])
+    drift = drift - (drift * u_hat).sum(-1, keepdim=True) * u_hat
+    g_v = g_v + drift / torch.where(v_norm > 0, v_norm, 1.0).unsqueeze(-1)
+    # dL/dP = g_T cosh beta_j + g_E e^{-beta_j} + sinh beta_j (g_V . v_j + g_S chord(u_i, v_j))
+    chord_e = pair_chords(u_hat, rows.uv_t).mul_(g_e.unsqueeze(-1))  # g_S chord(u_i, v_j)
+    chord_terms = (chord_e * probs).sum(-2)  # sum_i P_ij g_S chord
+    g_rows = torch.cat([g_t.unsqueeze(-1), g_e.unsqueeze(-1), g_v], dim=-1)  # (G, N, d+2)
+    g_p = torch.baddbmm(chord_e.mul_(sinh_beta.transpose(-1, -2)), g_rows, values.transpose(-1, -2))
+    # values: radius and direction (the value chord gradient centred on the mean value direction, Eq. 25)
+    pt_g = probs.transpose(-1, -2) @ torch.cat([g_rows, g_e.unsqueeze(-1) * (u_hat - v_bar)], dim=-1)
+    pt_gv, pt_gs = pt_g[..., 2:2 + uv.shape[-1]], pt_g[..., 2 + uv.shape[-1]:]
+    g_beta = (sinh_beta.squeeze(-1) * pt_g[..., 0] - rows.exp_beta * pt_g[..., 1]
+              + rows.cosh_beta * ((uv * pt_gv).sum(-1) + chord_terms))
+    g_uv = sinh_beta * (pt_gv - pt_gs + centred_v * pt_g[..., 1:2])
+    # softmax, scores and the scale: score = -scale k D^2, D^2 = 4 asinh(s)^2
+    g_score = (g_p - (probs * g_p).sum(-1, keepdim=True)).mul_(probs)
+    g_scale = (g_score * d.asinh_s.square()).sum(dim=(1, 2)) * (-4.0 * k)
+    g_c = g_score.mul_(distance_slope(2.0 * d.s_sq, d.asinh_s, d.root))  # dL/d(c) / (-scale k)
+    # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
+    g_c_sinh_x = g_c * sinh_x
+    chord_g = chord.mul_(g_c)  # sums weighted by sinh b_j / sinh a_i (elementwise: matrix-vector bmm is slow)
+    g_a = g_c_sinh_x.sum(-1) + rows.cosh_a * (chord_g * sinh_b.unsqueeze(-2)).sum(-1)
+    g_b = rows.cosh_b * (chord_g * sinh_a.unsqueeze(-1)).sum(-2) - g_c_sinh_x.sum(-2)
+    k_bar = _centre(uk)
+    p_q, q_k = uq - k_bar, uk - k_bar
+    # g_chord_ij = g_c_ij sinh a_i sinh b_j, never formed: its sums over j and i as products
+    by_key = g_c @ torch.cat([sinh_b.unsqueeze(-1), sinh_b.unsqueeze(-1) * q_k], dim=-1)  # (G, N, 1+d)
+    by_query = g_c.transpose(-1, -2) @ torch.cat([sinh_a.unsqueeze(-1), sinh_a.unsqueeze(-1) * p_q], dim=-1)
+    g_uq = sinh_a.unsqueeze(-1) * (p_q * by_key[..., :1] - by_key[..., 1:])
+    g_uk = sinh_b.unsqueeze(-1) * (q_k * by_query[..., :1] - by_query[..., 1:])
+    c_coef = rows.scale.view(-1, 1) * -k  # dL/dc = -scale k g_c
+    sk = math.sqrt(k)
+    return (g_a * (c_coef / sk), g_uq * c_coef.unsqueeze(-1), g_b * (c_coef / sk), g_uk * c_coef.unsqueeze(-1),
+            g_beta / sk, g_uv, g_scale)
+
+
+# --------------------------------------------------------------------------------------------
+# the autograd Function
+# --------------------------------------------------------------------------------------------
+def _batch_groups(batch: int, per_sample: int) -> list[slice]:
+    """Groups of samples whose ``(head, N, M)`` temporaries stay cache-sized (``per_sample = H N M``)."""
+    size = max(1, runtime_options().attention_group_elements // max(1, per_sample))
+    return [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
+
+
+class AttentionRows:
+    """Per-slice quantities of :class:`FusedPolarAttention`, computed once for all ``(batch, head)`` slices:
+    radii over ``sqrt(k)``, their ``sinh``/``cosh``, and ``sqrt(4 k scale)`` (``score = -(sqrt(4 k scale) asinh
+    s)^2``, Eq. 9), all ``(B, H, ...)``; the directions are the inputs themselves (views, never copied whole).
+    ``rows[group]`` is a :class:`GroupRows` of ``G = g H`` contiguous slices (strided inputs copied per group, in
+    cache)."""
+
+    def __init__(self, rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor,
+                 k: float) -> None:
+        batch, heads = uq.shape[:2]
+        sk = math.sqrt(k)
+        self.uq, self.uk, self.uv = uq, uk, uv
+        self.a, self.b, self.beta = rq / sk, rk / sk, rv / sk
+        self.sinh_a, self.cosh_a = sinh_cosh(self.a)
+        self.sinh_b, self.cosh_b = sinh_cosh(self.b)
+        self.sinh_beta, self.cosh_beta = sinh_cosh(self.beta)
+        self.exp_beta = torch.exp(-self.beta)
+        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
+        self.scale, self.root_coef = scale_g, torch.sqrt(scale_g * (4.0 * k))
+
+    def __getitem__(self, group: slice) -> GroupRows:
+        take = lambda t: t[group].flatten(0, 1)  # noqa: E731 - one slicing rule for every field
+        uk, uv = take(self.uk), take(self.uv)
+        return GroupRows(take(self.uq), uk, uv, take(self.a), take(self.b), take(self.beta), take(self.sinh_a),
+                         take(self.cosh_a), take(self.sinh_b), take(self.cosh_b), take(self.sinh_beta),
+                         take(self.cosh_beta), take(self.exp_beta), take(self.scale), take(self.root_coef),
+                         uk.transpose(-1, -2).contiguous(), uv.transpose(-1, -2).contiguous())
+
+
+class FusedPolarAttention(torch.autograd.Function):
+    r"""Polar attention for sequences that fit one block: scores, softmax and centroid in one function.
+
+    Forward (per batch and head; queries ``(a_i, q_i)``, keys ``(b_j, k_j)``, values ``(beta_j, v_j)``, radii
+    divided by ``sqrt(k)``):
+
+        c_ij = (cosh(a_i - b_j) - 1) + sinh a_i sinh b_j 1/2 ||q_i - k_j||^2          (Eq. 5)
+        P_ij = softmax_j(-scale_h k D_ij^2),  D_ij = 2 asinh sqrt(c_ij / 2)              (Eq. 9)
+        T = P cosh(beta), E = P e^{-beta}, V = P (sinh(beta) v), S_i = sum_j P_ij sinh beta_j 1/2 ||u_i - v_j||^2
+
+    and the centroid radius of Eq. 22 with ``u_i = V_i / ||V_i||``.  Saved for backward: the inputs, the output
+    and the per-row :class:`RowStatistics`: nothing of size ``N x M``.  Backward recomputes ``P`` from ``lse`` and
+    uses
+
+        dL/dP_ij = g_T cosh beta_j + g_E e^{-beta_j} + sinh beta_j (g_V . v_j + g_S chord(u_i, v_j))
+        dL/dscore_ij = P_ij (dL/dP_ij - sum_j' P_ij' dL/dP_ij')
+
+    (``S`` is stationary in ``u_i``, so ``u_i`` is held fixed in it), ``dD^2/dc`` from
+    :func:`stable_math.distance_slope`, ``dc/da_i = sinh(a_i - b_j) + cosh a_i sinh b_j chord`` and the centred
+    chord gradient of Eq. 25.  The softmax row constant is summed from the very values the gradient uses, so it
+    cancels exactly where the score gradient vanishes (identical keys).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor,  # noqa: D102
+                scale: Tensor, k: float, is_training: bool) -> tuple[Tensor, Tensor]:
+        batch, heads, n_q, _ = uq.shape
+        rows = AttentionRows(rq, uq, rk, uk, rv, uv, scale, k)
+        pairs = batch * heads * n_q * uk.shape[2]
+        parts = [run_maybe_compiled(_attention_group_forward, is_training, uq, rows[group], elements=pairs)
+                 for group in _batch_groups(batch, heads * n_q * uk.shape[2])]
+        lse, sums, v_norm, u_hat, big_s = (torch.cat(part) for part in zip(*parts))  # (B H, N, ...)
+        big_t, big_e = sums[..., 0], sums[..., 1]
+        a_mu = centroid_radius(big_t, big_e, big_s, v_norm, v_norm <= 0)
+        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, lse, big_t, big_e, big_s, v_norm, a_mu, u_hat)
+        ctx.k = k
+        return (math.sqrt(k) * a_mu).view_as(rq), u_hat.view_as(uq)
+
+    @staticmethod
+    def backward(ctx: Any, grad_r: Tensor, grad_u: Tensor) -> tuple:  # noqa: D102
+        rq, uq, rk, uk, rv, uv, scale, *statistics = ctx.saved_tensors
+        saved = RowStatistics(*statistics)
+        batch, heads, n_q, _ = uq.shape
+        rows = AttentionRows(rq, uq, rk, uk, rv, uv, scale, ctx.k)
+        parts = []
+        for group in _batch_groups(batch, heads * n_q * uk.shape[2]):
+            slots = slice(group.start * heads, group.stop * heads)
+            parts.append(run_maybe_compiled(_attention_group_backward, True, uq, rows[group],
+                                            RowStatistics(*(value[slots] for value in saved)),
+                                            grad_r[group].flatten(0, 1), grad_u[group].flatten(0, 1), ctx.k,
+                                            elements=batch * heads * n_q * uk.shape[2]))
+        grads = [torch.cat(part) for part in zip(*parts)]
+        shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
+        return (*shaped, grads[-1].view(batch, heads).sum(0), None, None)
+
+
+def fused_polar_attention(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor,
+                          k: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Polar attention (Eq. 9) in one fused function (:class:`FusedPolarAttention`); ``scale`` is an ``(H,)``
+    tensor."""
+    return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k), training(rq, uq, rk, uk, rv, uv, scale))

@@ -1,0 +1,462 @@
+"""Fused polar layers: the Polar-FC (Eq. 8), the relative position encodings on the reserved axes (Eq. 10, App. C;
+HoPE boost; HOPE rotation) and the boost residual (Eq. 12), each an autograd Function with a hand-derived backward.
+
+Each saves only its inputs, its output and per-token scalars, and recomputes the rest.  The formulas that the
+reference layers share with these (the Polar-FC epilogue :func:`polar_fc_epilogue`, the boost residual
+:func:`boost_residual_step`) have their one home here: the reference layers call the same functions and let
+autograd differentiate them.  Cores are compiled kernels when training in float32 on the CPU (:mod:`cpu_kernels`).
+
+This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .cpu_kernels import run_maybe_compiled, training
+from .stable_math import (
+    asinh_exp,
+    asinh_nonneg,
+    perp_parts,
+    safe_normalize,
+    safe_sqrt,
+    sinh_cosh,
+    sinh_cosh_smooth,
+    sinhc_sq,
+)
+
+GEMM_ALIGN = 8  # the Polar-FC's inner width n+1 is zero-padded to a multiple of this (MKL: odd widths run 2.3x slower)
+
+__all__ = ["FusedBoostResidual", "FusedPolarFC", "FusedReservedAxesEncoding", "GEMM_ALIGN", "boost_residual_step",
+           "fused_boost_residual", "fused_polar_fc", "fused_reserved_axes_encoding", "gemm_width", "is_gelu",
+           "polar_fc_epilogue", "radius_offset"]
+
+
+# --------------------------------------------------------------------------------------------
+# Polar-FC (Eq. 8)
+# --------------------------------------------------------------------------------------------
+def gemm_width(n: int) -> int:
+    """``n`` rounded up to a multiple of ``GEMM_ALIGN``: the width of the Polar-FC's unit coordinates and weight.
+
+    Matrix products whose inner or output width is odd (``n + 1 = 193`` for ``n = 192``) take a slow path in MKL
+    on the CPU (2.3x the time of width 192 or 200); zero columns change no sum.
+    """
+    return -(-n // GEMM_ALIGN) * GEMM_ALIGN
+
+
+def _unit_coords(r: Tensor, u: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``x / sqrt(k) = (cosh a, sinh a u)`` (Eq. 2) as one ``(T, gemm_width(n+1))`` tensor (zeros after ``n+1``),
+    with ``a``, ``sinh a``, ``cosh a``."""
+    a = r / sqrt_k
+    sinh_a, cosh_a = sinh_cosh(a)
+    width = u.shape[-1] + 1
+    x = u.new_empty(*u.shape[:-1], gemm_width(width))  # filled by slices (no out= into views: torch.compile)
+    x[..., 0] = cosh_a
+    x[..., 1:width] = u * sinh_a.unsqueeze(-1)
+    x[..., width:] = 0.0
+    return x, a, sinh_a, cosh_a
+
+
+def _padded_weight(weight: Tensor) -> Tensor:
+    """``weight (m, n+1)`` with zero columns up to :func:`gemm_width`."""
+    return torch.nn.functional.pad(weight, (0, gemm_width(weight.shape[1]) - weight.shape[1]))
+
+
+def is_gelu(activation: Callable | None) -> bool:
+    """transformers' exact ``GELUActivation`` (its backward is ``aten.gelu_backward``)."""
+    return getattr(activation, "act", None) is torch.nn.functional.gelu
+
+
+def polar_fc_epilogue(pre: Tensor, offset: Tensor | None, norm_power: Tensor | None, sqrt_k: float, gelu: bool,
+                      ) -> tuple[Tensor, Tensor]:
+    """``([r', u'] (..., H, d+1), ||h|| (..., H))`` of Eq. 8 from the pre-activation ``pre = W x / sqrt(k)``.
+
+    ``h = gelu(pre)`` (or ``pre``), ``u' = h / ||h||`` (``e_0`` where ``h = 0``), ``r' = sqrt(k) arsinh(e^l)`` with
+    ``l = beta ln||h|| + offset`` and ``offset = lambda a + varphi^T chi + varphi_0``, or ``l = ln||h||`` without the
+    radius rule (``norm_power`` ``None``).
+    """
+    h = torch.nn.functional.gelu(pre) if gelu else pre
+    norm = torch.linalg.vector_norm(h, dim=-1)  # (..., H)
+    log_radius = torch.log(norm.clamp_min(1e-30))
+    if norm_power is not None and offset is not None:
+        log_radius = torch.addcmul(offset, norm_power, log_radius)
+    radius = asinh_exp(log_radius) * sqrt_k
+    return torch.cat([radius.unsqueeze(-1), safe_normalize(h, norm)], dim=-1), norm
+
+
+def _polar_fc_epilogue_backward(grad_out: Tensor, out: Tensor, norm: Tensor, norm_power: Tensor | None,
+                                pre: Tensor | None, sqrt_k: float) -> tuple[Tensor, Tensor]:
+    """``(dL/dpre, g_l)`` of :func:`polar_fc_epilogue` (``dL/dh`` where ``pre`` is ``None``), with
+    ``g_l = sqrt(k) g_r' tanh(a')`` and ``g_h = (g_u' + (beta g_l - g_u'.u') u') / ||h||``."""
+    u_out, g_u_out = out[..., 1:], grad_out[..., 1:]
+    g_l = grad_out[..., 0] * sqrt_k * torch.tanh(out[..., 0] / sqrt_k)  # (T, H)
+    coef = (g_l * norm_power if norm_power is not None else g_l) - (g_u_out * u_out).sum(-1)
+    nonzero = norm > 0
+    inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    g_h = torch.addcmul(g_u_out, coef.unsqueeze(-1), u_out) * inv_norm.unsqueeze(-1)
+    return (g_h if pre is None else torch.ops.aten.gelu_backward(g_h, pre)), g_l
+
+
+def radius_offset(a: Tensor, klein_term: Tensor, radius_weight: Tensor, radius_bias: Tensor) -> Tensor:
+    """``lambda a + varphi^T chi + varphi_0`` ``(..., H)``: the input-radius part of Eq. 8's log-radius, from ``a``
+    ``(...)`` and the Klein term ``varphi^T chi`` ``(..., H)`` (``chi = tanh(a) u``)."""
+    return klein_term + radius_weight * a.unsqueeze(-1) + radius_bias
+
+
+class FusedPolarFC(torch.autograd.Function):
+    r"""``H`` Polar-FCs (Eq. 8) on tokens ``p = [r, u]`` ``(T, n+1)`` -> ``[r', u']`` ``(T, H, d+1)``.
+
+    ``h = phi(W x / sqrt(k))``, ``u' = h / ||h||``, ``l = beta ln||h|| + lambda a + varphi . (tanh(a) u) + varphi_0``,
+    ``r' = sqrt(k) arsinh(e^l)``; without the radius rule (``beta`` is ``None``) ``l = ln ||h||``.  Saved: the input,
+    the output, ``||h||`` per head and the pre-activation (only with an activation).  Backward, with
+    ``g_l = sqrt(k) g_r' tanh(a')``:
+
+        g_h = (g_u' + (beta g_l - g_u'.u') u') / ||h||,   g_W = g_pre^T x,   g_x = g_pre W
+        g_a = g_x0 sinh a + cosh a (g_xs . u) + lambda . g_l + sech^2 a (u . varphi^T g_l),
+        g_u = sinh a g_xs + tanh a varphi^T g_l.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, p: Tensor, weight: Tensor, norm_power: Tensor | None,  # noqa: D102
+                radius_weight: Tensor | None, klein_weight: Tensor | None, radius_bias: Tensor | None, sqrt_k: float,
+                heads: int, activation: Callable | None, is_training: bool) -> Tensor:
+        x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
+        pre = (x @ _padded_weight(weight).t()).view(p.shape[0], heads, -1)  # (T, H, d)
+        gelu = is_gelu(activation)
+        offset = None
+        if norm_power is not None and radius_weight is not None and klein_weight is not None \
+                and radius_bias is not None:
+            offset = radius_offset(a, torch.tanh(a).unsqueeze(-1) * (p[:, 1:] @ klein_weight.t()), radius_weight,
+                                   radius_bias)
+        if activation is None or gelu:
+            out, norm = run_maybe_compiled(polar_fc_epilogue, is_training, pre, pre, offset, norm_power, sqrt_k, gelu)
+        else:  # any other activation: applied eagerly, the epilogue without one
+            out, norm = polar_fc_epilogue(activation(pre), offset, norm_power, sqrt_k, False)
+        ctx.save_for_backward(p, weight, norm_power, radius_weight, klein_weight, out, norm,
+                              pre if activation is not None else None)
+        ctx.sqrt_k, ctx.activation = sqrt_k, activation
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple:  # noqa: D102
+        p, weight, norm_power, radius_weight, klein_weight, out, norm, pre = ctx.saved_tensors
+        sqrt_k = ctx.sqrt_k
+        r, u = p[:, 0], p[:, 1:]
+        x, a, sinh_a, cosh_a = _unit_coords(r, u, sqrt_k)
+        if pre is None or is_gelu(ctx.activation):
+            g_pre, g_l = run_maybe_compiled(_polar_fc_epilogue_backward, True, out, grad_out, out, norm, norm_power,
+                                            pre, sqrt_k)
+        else:
+            g_h, g_l = _polar_fc_epilogue_backward(grad_out, out, norm, norm_power, None, sqrt_k)
+            with torch.enable_grad():
+                leaf = pre.detach().requires_grad_(True)
+                (g_pre,) = torch.autograd.grad(ctx.activation(leaf), leaf, g_h)
+        g_pre = g_pre.flatten(1)  # (T, H d)
+        width = p.shape[1]
+        g_weight = (g_pre.t() @ x)[:, :width]
+        g_x = (g_pre @ _padded_weight(weight))[:, :width]
+        g_xs = g_x[:, 1:]
+        g_a = g_x[:, 0] * sinh_a + cosh_a * (g_xs * u).sum(-1)
+        g_u = g_xs.mul_(sinh_a.unsqueeze(-1))
+        grads_rule = (None, None, None, None)
+        if norm_power is not None:
+            log_norm = torch.log(norm.clamp_min(1e-30))
+            tanh_a = torch.tanh(a)
+            g_klein = g_l @ klein_weight  # (T, n): varphi^T g_l
+            g_a += g_l @ radius_weight + (u * g_klein).sum(-1) / cosh_a.square()
+            g_u += tanh_a.unsqueeze(-1) * g_klein
+            grads_rule = ((g_l * log_norm).sum(0), (g_l * a.unsqueeze(-1)).sum(0),
+                          (g_l * tanh_a.unsqueeze(-1)).t() @ u, g_l.sum(0))
+        g_p = g_x  # [g_a / sqrt(k), g_u] written over g_x (g_u is g_x[:, 1:] scaled in place)
+        g_p[:, 0] = g_a / sqrt_k
+        return (g_p, g_weight, *grads_rule, None, None, None, None)
+
+
+def fused_polar_fc(p: Tensor, weight: Tensor, rule: tuple[Tensor, Tensor, Tensor, Tensor] | None, sqrt_k: float,
+                   heads: int, activation: Callable | None = None) -> Tensor:
+    """``heads`` Polar-FCs (Eq. 8) on ``p (..., n+1)`` -> ``(..., heads, d+1)``; ``rule`` is ``(beta, lambda, varphi,
+    varphi_0)`` of shapes ``(H,), (H,), (H, n), (H,)`` or ``None`` (Lorentz FC)."""
+    parameters: tuple[Tensor | None, ...] = rule if rule is not None else (None, None, None, None)
+    out = FusedPolarFC.apply(p.reshape(-1, p.shape[-1]), weight, *parameters, float(sqrt_k), int(heads), activation,
+                             training(p, weight, *parameters))
+    return out.view(*p.shape[:-1], heads, -1)
+
+
+# --------------------------------------------------------------------------------------------
+# relative position encodings on the reserved axes (Eq. 10, 11, App. C; HoPE boost; HOPE rotation)
+# --------------------------------------------------------------------------------------------
+def _horoshift_scalars(x: list[Tensor], rest: Tensor, nu: Tensor, t: Tensor, ideal: int, shift: int) -> list[Tensor]:
+    """One horospherical shift (Eq. 10, :func:`geometry.horoshift`) on the four reserved coordinates.
+
+    ``x`` holds the reserved space coordinates ``x_0..x_3`` over ``sqrt(k)``, ``rest`` the sum of squares of all
+    the others and ``nu`` the Busemann coordinate over ``sqrt(k)`` (:func:`_busemann`).  ``x_shift += t nu`` and
+    ``x_ideal = ((1 + |rest of x|^2) / nu - nu) / 2``: sums of non-negative terms.
+    """
+    others = [x[c].square() for c in range(4) if c not in (ideal, shift)]
+    moved = x[shift] + t * nu
+    out = list(x)
+    out[shift] = moved
+    out[ideal] = 0.5 * ((1.0 + rest + others[0] + others[1] + moved.square()) / nu - nu)
+    return out
+
+
+def _busemann(exp_minus_a: Tensor, scale: Tensor | float, y: list[Tensor], rest: Tensor, norm: Tensor,
+              ideal: int) -> Tensor:
+    """``nu / sqrt(k) = e^{-a} + scale (|y| - y_ideal)`` (Eq. 10, :func:`geometry.busemann_nu`).
+
+    ``|y| - y_ideal = (|y|^2 - y_ideal^2) / (|y| + y_ideal)`` for ``y_ideal >= 0`` (the numerator summed from the
+    other coordinates, ``rest`` their tail), else ``|y| - y_ideal``: no cancellation.  ``y`` is the unit direction
+    (``scale = sinh a``, ``norm = 1``) or the space coordinates (``scale = 1``, ``norm = |y|``).
+    """
+    off_axis = rest + sum(y[c].square() for c in range(4) if c != ideal)
+    denom = norm + y[ideal].abs()  # 0 only at the origin, where the numerator is 0 too
+    gap = torch.where(y[ideal] >= 0, off_axis / torch.where(denom > 0, denom, torch.ones_like(denom)),
+                      norm - y[ideal])
+    return exp_minus_a + scale * gap
+
+
+def _boost_scalars(x: list[Tensor], cosh_a: Tensor, t: Tensor, axis: int) -> list[Tensor]:
+    """Lorentz boost of rapidity ``t`` along ``axis`` (:func:`geometry.boost`):
+    ``x_i <- sinh t cosh a + cosh t x_i``."""
+    sinh_t, cosh_t = sinh_cosh_smooth(t)  # differentiated by autograd; (N, H)-sized
+    out = list(x)
+    out[axis] = sinh_t * cosh_a + cosh_t * x[axis]
+    return out
+
+
+def _reserved_axes_scalars(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_rows: Tensor, t_cols: Tensor,
+                           sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token scalar part of the 2-D encoding: ``(r', u'_0..3 (4, ...), scale)`` with ``u'_m = scale u_m`` for
+    ``m >= 4``.  ``u4 (4, ...)`` holds the reserved direction coordinates (coordinate first: each one contiguous),
+    ``rest_sq`` the sum of squares of the others."""
+    if kind == "rotation":  # HOPE: the planes (0, 1) and (2, 3) rotate, the radius is exact
+        parts = []
+        for t, (first, second) in ((t_rows, (0, 1)), (t_cols, (2, 3))):
+            cos, sin = torch.cos(t), torch.sin(t)
+            parts += [cos * u4[first] - sin * u4[second], sin * u4[first] + cos * u4[second]]
+        return r, torch.stack(parts), torch.ones_like(r)
+    a = r / sqrt_k
+    sinh_a, cosh_a = sinh_cosh_smooth(a)  # differentiated by autograd; per token
+    x = [sinh_a * u4[c] for c in range(4)]
+    rest = sinh_a.square() * rest_sq
+    if kind == "horoshift":
+        nu = _busemann(torch.exp(-a), sinh_a, list(u4), rest_sq, torch.ones_like(a), 0)
+        x = _horoshift_scalars(x, rest, nu, t_rows, 0, 1)
+        norm = safe_sqrt(rest + sum(c.square() for c in x))
+        exp_minus = 1.0 / (torch.sqrt(1.0 + norm.square()) + norm)  # e^{-a} of the shifted point
+        x = _horoshift_scalars(x, rest, _busemann(exp_minus, 1.0, x, rest, norm, 2), t_cols, 2, 3)
+    else:  # boost (HoPE) along axes 0 and 2
+        x = _boost_scalars(x, cosh_a, t_rows, 0)
+        norm = safe_sqrt(rest + sum(c.square() for c in x))
+        x = _boost_scalars(x, torch.sqrt(1.0 + norm.square()), t_cols, 2)
+    norm = safe_sqrt(rest + sum(c.square() for c in x))
+    nonzero = norm > 0
+    inv = 1.0 / torch.where(nonzero, norm, torch.ones_like(norm))
+    e_0 = torch.zeros_like(u4)
+    e_0[0] = 1.0  # the origin: direction e_0, zero gradient (as stable_math.safe_normalize)
+    direction = torch.where(nonzero, torch.stack(x) * inv, e_0)
+    return sqrt_k * asinh_nonneg(norm), direction, torch.where(nonzero, sinh_a * inv, torch.zeros_like(norm))
+
+
+def _reserved_axes_scalar_gradients(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_rows: Tensor,
+                                    t_cols: Tensor, sqrt_k: float, grads: tuple[Tensor, Tensor, Tensor]) -> tuple:
+    """``(scale, gradients)``: the ``scale`` output of :func:`_reserved_axes_scalars` and its gradients with respect
+    to ``(r, u4, rest_sq, t_rows, t_cols)`` for the incoming ``grads`` of its three outputs; the forward recomputed
+    and differentiated by ``torch.func.vjp`` (one compiled kernel when training in float32 on the CPU)."""
+    def scalars(*args: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return _reserved_axes_scalars(kind, args[0], args[1], args[2], args[3], args[4], sqrt_k)
+
+    outputs, vjp = torch.func.vjp(scalars, r, u4, rest_sq, t_rows, t_cols)[:2]
+    return outputs[2], vjp(grads)
+
+
+class FusedReservedAxesEncoding(torch.autograd.Function):
+    r"""The 2-D relative position encoding of every head (``horoshift`` Eq. 10 / ``boost`` / ``rotation``) as one
+    function.
+
+    The two moves (rows on the reserved axes ``(0, 1)``, columns on ``(2, 3)``) change only the four reserved
+    coordinates and the radius; every other space coordinate ``x_m = sqrt(k) sinh a u_m`` is unchanged, so its
+    direction coordinate is only rescaled, ``u'_m = (sinh a / sinh a') u_m``.  The per-token scalars (radius, four
+    coordinates, the sum of squares of the others) carry the whole computation (:func:`_reserved_axes_scalars`, on
+    contiguous ``(B, N, H)`` tensors); the ``d``-wide vectors are touched once forward and once backward.  Saved:
+    the input; backward recomputes the scalar part and differentiates it with ``torch.func.vjp``, the vector part by
+    hand.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float,  # noqa: D102
+                is_training: bool) -> Tensor:
+        u_rest = p[..., 5:]
+        scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
+        r_out, u4, scale = run_maybe_compiled(_reserved_axes_scalars, is_training, p, kind, *scalars, t_rows,
+                                              t_cols, sqrt_k)
+        ctx.save_for_backward(p, t_rows, t_cols)
+        ctx.kind, ctx.sqrt_k = kind, sqrt_k
+        return torch.cat([r_out.unsqueeze(-1), u4.movedim(0, -1), u_rest * scale.unsqueeze(-1)], dim=-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
+        p, t_rows, t_cols = ctx.saved_tensors
+        u_rest, g_rest = p[..., 5:], grad[..., 5:]
+        scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
+        outputs = (grad[..., 0].contiguous(), grad[..., 1:5].movedim(-1, 0).contiguous(), (g_rest * u_rest).sum(-1))
+        scale, (g_r, g_u4, g_rest_sq, g_t_rows, g_t_cols) = run_maybe_compiled(
+            _reserved_axes_scalar_gradients, True, p, ctx.kind, *scalars, t_rows, t_cols, ctx.sqrt_k, outputs)
+        g_p = torch.cat([g_r.unsqueeze(-1), g_u4.movedim(0, -1),
+                         torch.addcmul(g_rest * scale.unsqueeze(-1), u_rest, 2.0 * g_rest_sq.unsqueeze(-1))], dim=-1)
+        return g_p, g_t_rows, g_t_cols, None, None, None
+
+
+def fused_reserved_axes_encoding(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float) -> Tensor:
+    """Relative position encoding of ``p (B, N, H, d+1)`` with per-token, per-head moves ``t (N, H)``."""
+    return FusedReservedAxesEncoding.apply(p, t_rows, t_cols, kind, float(sqrt_k), training(p, t_rows, t_cols))
+
+
+# --------------------------------------------------------------------------------------------
+# boost residual (Eq. 12)
+# --------------------------------------------------------------------------------------------
+class BoostResidualState(NamedTuple):
+    """The intermediates of :func:`boost_residual_step` its backward uses (per token unless ``(.., n)``)."""
+
+    u: Tensor
+    v: Tensor
+    b: Tensor
+    cos: Tensor
+    sign: Tensor
+    d: Tensor
+    h: Tensor
+    v_perp: Tensor
+    b_par: Tensor
+    step: Tensor
+    omega_sq: Tensor
+    small: Tensor
+    cosh_w: Tensor
+    sinhc: Tensor
+    tanh_a: Tensor
+    norm: Tensor
+    direction: Tensor
+    flip: Tensor
+    a_new: Tensor
+
+
+def boost_residual_step(a: Tensor, u: Tensor, b: Tensor, v: Tensor, alpha: Tensor,
+                        ) -> tuple[Tensor, Tensor, BoostResidualState]:
+    """Eq. 12 for ``x = (a, u)`` and ``f(x) = (b, v)`` (radii over ``sqrt(k)``; ``b`` already scaled by the
+    stochastic depth), over the tokens of each sample ``(..., N)``: ``(|a'|, u', state)`` with
+
+        a' = a + alpha (b_par - mean_N b_par),   b_par = b (u . v),
+        u' = sign(a') normalize(tanh(a) u + sinhc(alpha b |v_perp|) alpha b v_perp)
+
+    and the stable ``v_perp`` of :func:`stable_math.perp_parts`.  Differentiable by autograd (the reference layer)
+    and the forward of :class:`FusedBoostResidual` (whose backward is by hand).
+    """
+    v_perp, sign, h, d = perp_parts(v, u)
+    cos = (u * v).sum(-1)
+    b_par = b * cos
+    a_new = a + alpha * (b_par - b_par.mean(-1, keepdim=True))
+    step = alpha * b  # the perpendicular step is step * v_perp
+    omega_sq = step.square() * v_perp.square().sum(-1)
+    sinhc, cosh_w, _, small = sinhc_sq(omega_sq)
+    tanh_a = torch.tanh(a)
+    big_d = torch.addcmul(tanh_a.unsqueeze(-1) * u, (sinhc * step).unsqueeze(-1), v_perp)
+    norm = torch.linalg.vector_norm(big_d, dim=-1)
+    direction = safe_normalize(big_d, norm)
+    flip = torch.where(a_new < 0, -1.0, 1.0).to(direction.dtype)
+    state = BoostResidualState(u, v, b, cos, sign, d, h, v_perp, b_par, step, omega_sq, small, cosh_w, sinhc, tanh_a,
+                               norm, direction, flip, a_new)
+    return a_new.abs(), flip.unsqueeze(-1) * direction, state
+
+
+def _boost_residual_output(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float,
+                           ) -> tuple[Tensor, BoostResidualState]:
+    """The packed output ``[sqrt(k) |a'|, u']`` of :func:`boost_residual_step` on packed points, and its state."""
+    b = f[..., 0] / sqrt_k
+    radius, direction, state = boost_residual_step(x[..., 0] / sqrt_k, x[..., 1:],
+                                                   b if strength is None else b * strength, f[..., 1:], alpha)
+    return torch.cat([(sqrt_k * radius).unsqueeze(-1), direction], dim=-1), state
+
+
+def _boost_residual_backward(grad: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float,
+                             st: BoostResidualState) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/df, dL/dalpha)`` of :func:`_boost_residual_output`."""
+    u, v, b, sign, d, v_perp, step, flip = st.u, st.v, st.b, st.sign, st.d, st.v_perp, st.step, st.flip
+    g_a_new = grad[..., 0] * sqrt_k * torch.sign(st.a_new)  # d|a'|/da' = sign(a') (0 at 0, as torch.abs)
+    g_dir = grad[..., 1:] * flip.unsqueeze(-1)
+    # direction = D / |D| with D = tanh(a) u + sinhc(omega) step v_perp
+    norm, direction = st.norm, st.direction
+    nonzero = norm > 0
+    inv = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    g_big_d = (g_dir - (g_dir * direction).sum(-1, keepdim=True) * direction) * inv.unsqueeze(-1)
+    tanh_a, sinhc = st.tanh_a, st.sinhc
+    g_a = (1.0 - tanh_a.square()) * (g_big_d * u).sum(-1)
+    g_u = tanh_a.unsqueeze(-1) * g_big_d
+    g_vperp_dot = (g_big_d * v_perp).sum(-1)  # dL/d(sinhc step) per token
+    # sinhc(omega) as a function of omega^2: d sinhc / d omega^2 = (cosh w - sinhc) / (2 w^2)
+    omega_sq, small = st.omega_sq, st.small
+    slope = torch.where(small, torch.full_like(omega_sq, 1.0 / 6.0),
+                        (st.cosh_w - sinhc) / (2.0 * torch.where(small, torch.ones_like(omega_sq), omega_sq)))
+    g_omega_sq = g_vperp_dot * step * slope
+    vperp_sq = v_perp.square().sum(-1)
+    g_step = g_vperp_dot * sinhc + g_omega_sq * 2.0 * step * vperp_sq
+    g_vperp = (sinhc * step).unsqueeze(-1) * g_big_d + (g_omega_sq * 2.0 * step.square()).unsqueeze(-1) * v_perp
+    # a' = a + alpha (b_par - mean b_par), b_par = b (u . v), step = alpha b
+    b_par = st.b_par
+    g_a = g_a + g_a_new
+    g_b_par = alpha * (g_a_new - g_a_new.mean(-1, keepdim=True))
+    g_alpha = (g_a_new * (b_par - b_par.mean(-1, keepdim=True))).sum() + (g_step * b).sum()
+    g_b = g_b_par * st.cos + g_step * alpha
+    g_cos = g_b_par * b
+    # v_perp = d + s h u, h = |d|^2 / 2, d = v - s u
+    g_h = sign * (g_vperp * u).sum(-1)
+    g_d = torch.addcmul(g_vperp, g_h.unsqueeze(-1), d)
+    g_u = g_u + (sign * st.h).unsqueeze(-1) * g_vperp - sign.unsqueeze(-1) * g_d + g_cos.unsqueeze(-1) * v
+    g_v = g_d + g_cos.unsqueeze(-1) * u
+    if strength is not None:
+        g_b = g_b * strength
+    g_x = torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1)
+    g_f = torch.cat([(g_b / sqrt_k).unsqueeze(-1), g_v], dim=-1)
+    return g_x, g_f, g_alpha
+
+
+def _boost_residual_forward(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
+    """The output of :func:`_boost_residual_output` alone (the Function's forward kernel)."""
+    return _boost_residual_output(x, f, alpha, strength, sqrt_k)[0]
+
+
+def _boost_residual_gradients(grad: Tensor, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None,
+                              sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward recomputed, then :func:`_boost_residual_backward`: ``(dL/dx, dL/df, dL/dalpha)``."""
+    state = _boost_residual_output(x, f, alpha, strength, sqrt_k)[1]
+    return _boost_residual_backward(grad, alpha, strength, sqrt_k, state)
+
+
+class FusedBoostResidual(torch.autograd.Function):
+    r"""The boost residual of Eq. 12 (:func:`boost_residual_step`) as one function.  Saved: the two inputs,
+    ``alpha`` and the stochastic-depth strength; backward recomputes the per-token forward and differentiates it
+    by hand."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float,  # noqa: D102
+                is_training: bool) -> Tensor:
+        out = run_maybe_compiled(_boost_residual_forward, is_training, x, x, f, alpha, strength, sqrt_k)
+        ctx.save_for_backward(x, f, alpha, strength)
+        ctx.sqrt_k = sqrt_k
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
+        x, f, alpha, strength = ctx.saved_tensors
+        g_x, g_f, g_alpha = run_maybe_compiled(_boost_residual_gradients, True, x, grad, x, f, alpha, strength,
+                                               ctx.sqrt_k)
+        return g_x, g_f, g_alpha, None, None, None
+
+
+def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
+    """Boost residual (Eq. 12) of ``x, f (B, N, n+1)`` (:class:`FusedBoostResidual`); ``strength (B, 1)`` or
+    ``None``."""
+    return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k), training(x, f, alpha))
+

@@ -1,0 +1,106 @@
+"""How Polar-ViT computes, decided in one place: the runtime options.
+
+What the model computes is fixed by its config; *how* (compiled CPU kernels or eager passes, the sizes from
+which they pay off, the cache-sized groups of the attention core, whether the public geometry functions scan
+their inputs for NaN/Inf) is a :class:`RuntimeOptions` record held in a :class:`contextvars.ContextVar`:
+per thread and per task, never a module global, so a web server's threads or a DataLoader's thread workers
+cannot switch another caller's checks off.
+
+* :func:`runtime_options` - the options in force;
+* :func:`use_runtime_options` - a context manager that changes some of them for a block (and restores them);
+* :func:`set_runtime_options` - changes them for the rest of the current context (thread).
+
+A new thread starts with the defaults, read once from the environment (``POLAR_VIT_CPU_KERNELS=0`` starts
+with the compiled CPU kernels off).
+
+This module is part of the remote code of exported checkpoints: it imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+__all__ = ["RuntimeOptions", "runtime_options", "set_runtime_options", "use_runtime_options"]
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """The switches and thresholds of the implementation (never of the formulas).
+
+    Attributes:
+        cpu_kernels: the fused layers may run their pure-tensor cores as inductor-compiled kernels when
+            training in float32 on the CPU (:mod:`cpu_kernels`).
+        kernel_min_elements: a fused layer uses its compiled kernel only from this many elements in its largest
+            tensor (below it, eager passes stay cache-resident and a compile is not won back).
+        attention_group_elements: ``H x N x M`` score elements per group of samples in the fused attention
+            core (cache-sized temporaries).
+        chunked_min_tokens: ``polar_attn_implementation="auto"`` on the CPU uses the chunked core from this
+            many tokens (:func:`attention.select_implementation`).
+        input_checks: the public geometry functions scan CPU inputs for NaN/Inf; the model checks its input
+            once at the edge and runs its layers without these scans.
+    """
+
+    cpu_kernels: bool = True
+    kernel_min_elements: int = 1 << 20
+    attention_group_elements: int = 1 << 19
+    chunked_min_tokens: int = 1024
+    input_checks: bool = True
+
+    @classmethod
+    def from_environment(cls) -> RuntimeOptions:
+        """The defaults, with ``POLAR_VIT_CPU_KERNELS=0`` turning the compiled CPU kernels off."""
+        return cls(cpu_kernels=os.environ.get("POLAR_VIT_CPU_KERNELS", "1") != "0")
+
+
+# (the default is a frozen, immutable dataclass)
+_CURRENT: ContextVar[RuntimeOptions] = ContextVar(
+    "polar_vit_runtime_options", default=RuntimeOptions.from_environment())  # noqa: B039
+
+
+def runtime_options() -> RuntimeOptions:
+    """The options in force in this context (thread, task); inside ``torch.compile`` the defaults from the
+    environment (a compiled graph is static, and the compiled kernels and input scans are off there anyway)."""
+    return _TRACED if _compiling() else _CURRENT.get()
+
+
+def _compiling() -> bool:
+    import torch  # (a light import: torch is loaded wherever the options are read)
+
+    return torch.compiler.is_compiling()
+
+
+_TRACED = RuntimeOptions.from_environment()  # what compiled graphs see (input checks are skipped there anyway)
+
+
+def _changed(**changes: Any) -> RuntimeOptions:
+    known = {field.name for field in fields(RuntimeOptions)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise TypeError(f"unknown runtime options {unknown}; the options are {sorted(known)}")
+    return replace(_CURRENT.get(), **changes)
+
+
+@contextmanager
+def use_runtime_options(**changes: Any) -> Iterator[RuntimeOptions]:
+    """Change some options for the block (``with use_runtime_options(cpu_kernels=False): ...``); inside
+    ``torch.compile`` a no-op (the traced graph keeps the options it was traced with)."""
+    if _compiling():
+        yield _TRACED
+        return
+    token = _CURRENT.set(_changed(**changes))
+    try:
+        yield _CURRENT.get()
+    finally:
+        _CURRENT.reset(token)
+
+
+def set_runtime_options(**changes: Any) -> RuntimeOptions:
+    """Change some options for the rest of this context; returns the previous options."""
+    previous = _CURRENT.get()
+    _CURRENT.set(_changed(**changes))
+    return previous

@@ -1,0 +1,180 @@
+"""Scalar functions of the polar geometry in forms that never cancel: the one home of each.
+
+Every function here evaluates a hyperbolic or inverse-hyperbolic quantity as a sum or product of terms of
+one sign (paper Section 3.2), through ``exp`` / ``expm1`` / ``log1p`` / ``sqrt`` only: on the CPU PyTorch's
+``sinh``, ``cosh`` and ``asinh`` run in scalar code (about 10x the time of ``exp`` on AVX2), and these forms
+are accurate to a few ulp in float32 and float64.  The geometry (:mod:`geometry`), the fused layers
+(:mod:`fused_attention`, :mod:`fused_gyro_norm`, :mod:`fused_layers`) and the chunked attention call them;
+the Triton kernels (:mod:`triton_attention`) spell the same formulas in Triton and take
+:data:`SERIES_CUTOFF` from here.
+
+This module is part of the remote code of exported checkpoints: it imports only ``torch``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+SERIES_CUTOFF = 1e-4  # below this value of c (Eq. 5), asinh(s)/s and the distance slope use their Taylor series
+SINHC_SERIES_CUTOFF = 1e-8  # below this w^2, sinh(w)/w and cosh(w) use their Taylor series
+
+__all__ = [
+    "SERIES_CUTOFF",
+    "asinh_exp",
+    "asinh_nonneg",
+    "asinh_sqrt_half",
+    "asinhc_half",
+    "cosh_minus_one",
+    "cosh_sinhc_sq",
+    "distance_slope",
+    "perp",
+    "perp_parts",
+    "safe_norm",
+    "safe_normalize",
+    "safe_sqrt",
+    "sinh_cosh",
+    "sinh_cosh_smooth",
+    "sinhc_sq",
+]
+
+
+def asinh_nonneg(s: Tensor) -> Tensor:
+    """``asinh(s)`` for ``s >= 0``: ``log1p(s + s^2 / (1 + sqrt(1 + s^2)))`` (every term non-negative, exact to a few
+    ulp from ``s = 0`` to the float range)."""
+    s_sq = s * s
+    return torch.log1p(s + s_sq / (1.0 + torch.sqrt(1.0 + s_sq)))
+
+
+def asinh_exp(log_value: Tensor) -> Tensor:
+    """``arsinh(exp(l))`` without overflow: ``l + log1p(sqrt(1 + e^{-2l}))`` for ``l > 0``, else
+    :func:`asinh_nonneg` of ``e^l <= 1``; ``l = -inf`` gives 0.
+
+    This is how every log-domain radius becomes a radius (Eq. 8, Eq. 22).
+    """
+    positive = log_value > 0
+    zero = torch.zeros_like(log_value)
+    pos = torch.where(positive, log_value, zero)  # (torch.where, not clamp: full gradient at l = 0)
+    e_neg = torch.exp(-pos)  # e^{-l} for l > 0
+    large = pos + torch.log1p(torch.sqrt(1.0 + e_neg * e_neg))
+    small = asinh_nonneg(torch.exp(torch.where(positive, zero, log_value)))  # e^{l} for l <= 0
+    return torch.where(positive, large, small)
+
+
+def asinh_sqrt_half(c: Tensor) -> tuple[Tensor, Tensor]:
+    """``asinh(s)`` and ``sqrt(1 + s^2)`` for ``s = sqrt(c / 2)``, ``c >= 0`` (Eq. 5: ``D = 2 asinh s``).
+
+    ``s^2 = c / 2`` is never formed by squaring, so it holds up to ``c`` at the float range.
+    """
+    s_sq = 0.5 * c
+    root = torch.sqrt(1.0 + s_sq)
+    return torch.log1p(torch.sqrt(s_sq) + s_sq / (1.0 + root)), root
+
+
+def asinhc_half(c: Tensor) -> Tensor:
+    """``asinh(s) / s`` with ``s = sqrt(c / 2)``, smooth in ``c`` down to ``c = 0`` (series below
+    :data:`SERIES_CUTOFF`: ``1 - s^2/6 + 3 s^4/40``)."""
+    small = c < SERIES_CUTOFF
+    c_safe = torch.where(small, torch.ones_like(c), c)
+    s = torch.sqrt(0.5 * c_safe)
+    exact = asinh_nonneg(s) / s
+    s2 = 0.5 * c
+    return torch.where(small, 1.0 - s2 / 6.0 + 0.075 * s2 * s2, exact)
+
+
+def distance_slope(c: Tensor, asinh_s: Tensor, root: Tensor) -> Tensor:
+    """``d(D^2)/dc = 2 asinh(s) / (s sqrt(1 + s^2))`` with ``D = 2 asinh(s)``, ``s = sqrt(c/2)`` (Eq. 5).
+
+    Smooth down to ``c = 0`` (the series of :func:`asinhc_half` below :data:`SERIES_CUTOFF`; eager, the series is
+    evaluated only when some entry needs it).  Used in hand-derived backward passes (not differentiated).
+    """
+    s_sq = 0.5 * c
+    slope = asinh_s / torch.sqrt(s_sq)
+    if torch.compiler.is_compiling() or bool((c < SERIES_CUTOFF).any()):
+        slope = torch.where(c < SERIES_CUTOFF, 1.0 - s_sq / 6.0 + 0.075 * s_sq * s_sq, slope)
+    return 2.0 * slope / root
+
+
+def sinh_cosh(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(sinh x, cosh x)`` from one ``expm1``: with ``t = e^{|x|} - 1 >= 0`` and ``q = e^{-|x|} = 1/(1 + t)``,
+
+    ``sinh |x| = t (1 + q) / 2`` (a product of positive factors: no cancellation at small ``|x|``),
+    ``cosh x = ((1 + t) + q) / 2``, and ``sinh x`` takes the sign of ``x``.  Using ``|x|`` keeps ``1 + t`` away
+    from 0 (``expm1(x)`` rounds to ``-1`` below ``x ~ -17`` in float32).  For hand-derived backward passes.
+    """
+    t = torch.expm1(x.abs())
+    q = torch.reciprocal(t + 1.0)
+    return torch.copysign(0.5 * t * (1.0 + q), x), 0.5 * (t + 1.0 + q)
+
+
+def sinh_cosh_smooth(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(sinh x, cosh x)`` for code differentiated by autograd (smooth at ``x = 0``):
+    ``sinh x = (expm1(x) - expm1(-x)) / 2`` (two terms of one sign), ``cosh x = (e^x + e^{-x}) / 2``."""
+    return 0.5 * (torch.expm1(x) - torch.expm1(-x)), 0.5 * (torch.exp(x) + torch.exp(-x))
+
+
+def cosh_minus_one(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``cosh x - 1 = 2 sinh^2(x/2) = t^2 e^{-|x|} / 2`` and ``sinh x``, from ``t = expm1(|x|)``.
+
+    The first term of the law of haversines (Eq. 5) for ``x = a - b``; both results are products of positive
+    factors (with the sign of ``x`` for ``sinh``).
+    """
+    t = torch.expm1(x.abs())
+    q = torch.reciprocal(t + 1.0)
+    return 0.5 * t * (t * q), torch.copysign(0.5 * t * (1.0 + q), x)
+
+
+def sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(sinh(w)/w, cosh w, w, small)`` as smooth functions of ``w^2`` (even in ``w``; the series
+    ``1 + w^2/6`` and ``1 + w^2/2`` where ``small``, below :data:`SINHC_SERIES_CUTOFF`)."""
+    small = omega_sq < SINHC_SERIES_CUTOFF
+    w = torch.sqrt(torch.where(small, torch.ones_like(omega_sq), omega_sq))
+    sinh_w, cosh_w = sinh_cosh(w)
+    sinhc = torch.where(small, 1.0 + omega_sq / 6.0, sinh_w / w)
+    return sinhc, torch.where(small, 1.0 + 0.5 * omega_sq, cosh_w), w, small
+
+
+def cosh_sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor]:
+    """``cosh(w)`` and ``sinh(w)/w`` as smooth functions of ``w^2`` (:func:`sinhc_sq`; differentiable)."""
+    small = omega_sq < SINHC_SERIES_CUTOFF
+    w = torch.sqrt(torch.where(small, torch.ones_like(omega_sq), omega_sq))
+    sinh_w, cosh_w = sinh_cosh_smooth(w)
+    return (torch.where(small, 1.0 + 0.5 * omega_sq, cosh_w), torch.where(small, 1.0 + omega_sq / 6.0, sinh_w / w))
+
+
+def safe_sqrt(sq: Tensor) -> Tensor:
+    """``sqrt(sq)`` with a zero (sub)gradient at ``sq = 0``."""
+    positive = sq > 0
+    return torch.where(positive, torch.sqrt(torch.where(positive, sq, torch.ones_like(sq))), torch.zeros_like(sq))
+
+
+def safe_norm(v: Tensor) -> Tensor:
+    """``||v||`` along the last axis with a zero (sub)gradient at ``v = 0``."""
+    return safe_sqrt(v.square().sum(-1))
+
+
+def safe_normalize(v: Tensor, norm: Tensor | None = None) -> Tensor:
+    """``v / ||v||`` along the last axis; a zero vector maps to ``e_0`` (the direction of the origin) with a finite
+    gradient.  ``norm`` (``(...)``) may be given when it is known."""
+    norm = torch.linalg.vector_norm(v, dim=-1) if norm is None else norm
+    nonzero = (norm > 0).unsqueeze(-1)
+    e_0 = (torch.arange(v.shape[-1], device=v.device) == 0).to(v.dtype)
+    return torch.where(nonzero, v / torch.where(nonzero, norm.unsqueeze(-1), 1.0), e_0)
+
+
+def perp_parts(v: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stable ``v - (v.u) u`` for unit ``u``, ``v`` (the boost residual, Eq. 12, and gyroaddition, Eq. 20, 21).
+
+    With ``s = sign(u.v)``: ``v - (v.u) u = d + s h u`` with ``d = v - s u`` and ``h = 1/2 ||d||^2 = 1 - s (u.v)``,
+    so both for nearly aligned and nearly opposite directions only the small difference ``d`` is formed.
+    Returns ``(v_perp, s, h, d)``.
+    """
+    s = torch.where((u * v).sum(-1) >= 0, 1.0, -1.0).to(v.dtype).detach()
+    d = v - s.unsqueeze(-1) * u
+    h = 0.5 * d.square().sum(-1)
+    return torch.addcmul(d, (s * h).unsqueeze(-1), u), s, h, d
+
+
+def perp(v: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(v_perp, s, h)`` of :func:`perp_parts`."""
+    return perp_parts(v, u)[:3]
