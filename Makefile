@@ -1,30 +1,43 @@
-# polar-vit-hf: the two commands of the README quickstart.
-#   make demo   - the project's main job: the digits training demo, then the precision table
-#   make test   - ruff (line length 119) and the whole test suite on two pytest-xdist workers (installs what it needs first)
-# Both are idempotent: the virtual environment is (re)built only when setup.cfg changes.
+# polar-vit-hf: the two commands of the README quickstart, and the checks around them.
+#   make demo       - the project's main job: the digits training demo, then the precision table
+#   make test       - lint, the documentation build and the whole test suite on two pytest-xdist workers
+#   make test-fast  - the suite without the slow tests (processes, end-to-end training, compiles)
+#   make lint       - ruff check, ruff format --check, mypy on modeling/ and polar_vit_hf/
+#   make docs       - mkdocs build --strict (a broken link or anchor fails)
+# Every target installs what it needs first; the virtual environment is (re)built only when setup.cfg changes.
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast lint docs install clean
 
 install: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,train,triton,spherical]"
+	$(PY) -m pip install --quiet -e ".[test,train,triton,spherical,docs]"
 	@touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) training/demo.py --output_dir outputs/demo
 	$(PY) benchmarks/precision.py --out outputs/precision
 
-test: $(STAMP)
+lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --quiet
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow" --durations=10
+
+test: lint docs
 	$(PY) -m pytest -q -n 2 --durations=15
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .hypothesis
+	rm -rf $(VENV) outputs .pytest_cache .hypothesis .mypy_cache

@@ -42,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     parser.add_argument("--out", default="outputs/ablation")
     args = parser.parse_args(argv)
-    runs = {name: ("polar", [arg for key, value in ROWS[name].items() for arg in ("--set", f"model.{key}={value}")])
-            for name in args.rows}
+    runs = {
+        name: ("polar", [arg for key, value in ROWS[name].items() for arg in ("--set", f"model.{key}={value}")])
+        for name in args.rows
+    }
     results = train_runs(runs, args.seeds, args.steps)
     params = {}
     for name in args.rows:

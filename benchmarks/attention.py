@@ -120,11 +120,15 @@ def check(device: str, dims=(16, 32, 64)) -> None:
                 r, u = polar_attention(*test[:6], test[6], 1.0, impl=impl)
                 (r.sum() + u.sum()).backward()
                 err = float(distance(r.double(), u.double(), r_ref, u_ref).detach().max())
-                grad_err = max(float((a.grad.double() - b.grad).abs().max() / (b.grad.abs().max() + 1e-12))
-                               for a, b in zip(test, ref))
+                grad_err = max(
+                    float((a.grad.double() - b.grad).abs().max() / (b.grad.abs().max() + 1e-12))
+                    for a, b in zip(test, ref)
+                )
                 status = "ok" if err < 1e-4 and grad_err < 1e-3 else "FAIL"
-                print(f"check {impl:<8} d={dim:<3} N={n:<4} max geodesic error {err:.1e}  "
-                      f"max relative gradient error {grad_err:.1e}  {status}")
+                print(
+                    f"check {impl:<8} d={dim:<3} N={n:<4} max geodesic error {err:.1e}  "
+                    f"max relative gradient error {grad_err:.1e}  {status}"
+                )
                 if status == "FAIL":
                     raise SystemExit(1)
 
@@ -171,8 +175,22 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results[(impl, n)] = measure(impl, batch, heads, n, dim, "cuda", args.repeats)
             continue
-        command = [sys.executable, __file__, "--one", f"{impl},{n}", "--device", "cpu", "--batch", str(batch),
-                   "--heads", str(heads), "--dim", str(dim), "--repeats", str(args.repeats)]
+        command = [
+            sys.executable,
+            __file__,
+            "--one",
+            f"{impl},{n}",
+            "--device",
+            "cpu",
+            "--batch",
+            str(batch),
+            "--heads",
+            str(heads),
+            "--dim",
+            str(dim),
+            "--repeats",
+            str(args.repeats),
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-2000:], file=sys.stderr)
@@ -180,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         value = json.loads(done.stdout.strip().splitlines()[-1])
         results[(impl, n)] = (value["seconds"], value["peak_mib"])
 
-    print(f"\nforward + backward, batch {batch}, heads {heads}, head dim {dim}, {args.device}, "
-          f"median of {args.repeats}")
+    print(
+        f"\nforward + backward, batch {batch}, heads {heads}, head dim {dim}, {args.device}, median of {args.repeats}"
+    )
     header = "".join(f"{impl + ' ms':>14}{impl + ' MiB':>14}" for impl in impls)
     print(f"{'N':>6}{header}")
     for n in args.sizes:
@@ -190,13 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     last = args.sizes[-1]
     if "eager" in impls and "chunked" in impls:
         e, c = results[("eager", last)], results[("chunked", last)]
-        print(f"N={last}: chunked / eager time {c[0] / e[0]:.2f}x, "
-              f"eager / chunked memory {e[1] / max(c[1], 1e-9):.1f}x")
+        print(
+            f"N={last}: chunked / eager time {c[0] / e[0]:.2f}x, eager / chunked memory {e[1] / max(c[1], 1e-9):.1f}x"
+        )
     if "triton" in impls:
         for n in args.sizes:
             t = results[("triton", n)][0]
-            print(f"N={n}: triton / sdpa {t / results[('sdpa', n)][0]:.2f}x, eager / triton "
-                  f"{results[('eager', n)][0] / t:.2f}x")
+            print(
+                f"N={n}: triton / sdpa {t / results[('sdpa', n)][0]:.2f}x, eager / triton "
+                f"{results[('eager', n)][0] / t:.2f}x"
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "attention.csv", "w", newline="") as handle:

@@ -67,8 +67,10 @@ def write_imagenet_folder(root: Path, count: int, classes: int = 8) -> None:
     import skimage.data
     from PIL import Image
 
-    photos = [getattr(skimage.data, name)() for name in ("astronaut", "coffee", "chelsea", "rocket",
-                                                        "hubble_deep_field", "immunohistochemistry")]
+    photos = [
+        getattr(skimage.data, name)()
+        for name in ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry")
+    ]
     rng = np.random.default_rng(0)
     for i in range(count):
         photo = photos[i % len(photos)]
@@ -90,9 +92,15 @@ def measure(root: Path, workers: int, batch: int, epochs: int) -> Measurement:
 
     recipe = yaml.safe_load((RECIPES / "imagenet1k.yaml").read_text())
     data = build_data("imagenet-1k", 224, recipe["augment"], str(root), "train", "train")
-    loader = torch.utils.data.DataLoader(data.train, batch_size=batch, shuffle=True, num_workers=workers,
-                                         persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
-                                         drop_last=True)
+    loader = torch.utils.data.DataLoader(
+        data.train,
+        batch_size=batch,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers else None,
+        drop_last=True,
+    )
     for _ in loader:  # warm-up epoch: workers started, files in the page cache
         pass
     start, images = time.perf_counter(), 0
@@ -136,13 +144,16 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(scratch)
         write_imagenet_folder(root, args.images)
         rows = [measure(root, workers, args.batch, args.epochs) for workers in tqdm(args.workers, desc="workers")]
-    print(f"ImageNet-1k training pipeline (imagenet1k recipe, 224 px), {args.images} JPEGs of "
-          f"{IMAGENET_SIZE[0]}x{IMAGENET_SIZE[1]}, batch {args.batch}, {os.cpu_count()} CPUs")
+    print(
+        f"ImageNet-1k training pipeline (imagenet1k recipe, 224 px), {args.images} JPEGs of "
+        f"{IMAGENET_SIZE[0]}x{IMAGENET_SIZE[1]}, batch {args.batch}, {os.cpu_count()} CPUs"
+    )
     print(f"{'workers':>8} {'images/s':>10} {'per worker':>11}")
     for row in rows:
         print(f"{row.workers:>8} {row.images_per_second:>10.1f} {row.per_worker:>11.1f}")
-    per_worker = max(row.per_worker for row in rows if row.workers > 0) if any(r.workers for r in rows) \
-        else rows[0].per_worker
+    per_worker = (
+        max(row.per_worker for row in rows if row.workers > 0) if any(r.workers for r in rows) else rows[0].per_worker
+    )
     print("\nGPU demand (paper Table 8 on an RTX A5000, fp32, compiled, scaled by multiply-adds per image):")
     print(f"{'model':>22} {'preset':>7} {'GPU images/s':>13} {'workers per GPU':>16}")
     for model in ("polar", "euclidean"):

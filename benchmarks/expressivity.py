@@ -75,8 +75,9 @@ def problem(radius: float, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor,
     return x_in.to(dtype), target.to(dtype)
 
 
-def run(kind: str, radii: list[float], seeds: int, dtype: torch.dtype, max_iters: int,
-        lr: float = 1e-3) -> dict[float, float]:
+def run(
+    kind: str, radii: list[float], seeds: int, dtype: torch.dtype, max_iters: int, lr: float = 1e-3
+) -> dict[float, float]:
     """Mean iterations to reach the target, per radius (``max_iters`` when not reached); ``lr`` is
     the SGD step of the polar-distance layers (Chen et al.'s layer always uses 0.1)."""
     polar = PolarOps()
@@ -128,14 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--max-iters", type=int, default=10_000)
     parser.add_argument("--lr", type=float, default=1e-3, help="SGD step of the polar-distance layers")
-    parser.add_argument("--layers", nargs="+", choices=("polar", "lorentz", "chen"),
-                        default=["polar", "lorentz", "chen"])
+    parser.add_argument(
+        "--layers", nargs="+", choices=("polar", "lorentz", "chen"), default=["polar", "lorentz", "chen"]
+    )
     parser.add_argument("--out", default="outputs/expressivity")
     args = parser.parse_args(argv)
     from tqdm.auto import tqdm
 
-    labels = {"polar": "Polar-FC (Eq. 8)", "lorentz": "Lorentz FC, general form",
-              "chen": "Lorentz FC (Chen et al. 2022)"}
+    labels = {
+        "polar": "Polar-FC (Eq. 8)",
+        "lorentz": "Lorentz FC, general form",
+        "chen": "Lorentz FC (Chen et al. 2022)",
+    }
     labels = {kind: name for kind, name in labels.items() if kind in args.layers}
     runs = [(kind, dtype) for kind in labels for dtype in (torch.float32, torch.float64)]
     results = {}
@@ -143,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         results[(kind, dtype)] = run(kind, args.radii, args.seeds, dtype, args.max_iters, args.lr)
 
     names = [f"{labels[k]} {str(d).split('.')[-1]}" for k, d in runs]
-    print(f"\nIterations to reach the target (distance < {THRESHOLD}); mean of {args.seeds} seeds; "
-          f"{args.max_iters} = not reached; lr {args.lr:g} (Chen et al.: 0.1)")
+    print(
+        f"\nIterations to reach the target (distance < {THRESHOLD}); mean of {args.seeds} seeds; "
+        f"{args.max_iters} = not reached; lr {args.lr:g} (Chen et al.: 0.1)"
+    )
     print(f"{'R':>4} " + " ".join(f"{n[:26]:>27}" for n in names))
     for radius in args.radii:
         print(f"{radius:>4g} " + " ".join(f"{results[key][radius]:>27.0f}" for key in runs))
@@ -171,8 +178,9 @@ def plot(results, runs, labels, args, path: Path) -> None:
     for kind, dtype in runs:
         style = "-o" if dtype == torch.float32 else "--s"
         values = [results[(kind, dtype)][r] for r in args.radii]
-        ax.plot(args.radii, values, style, color=colors[kind], ms=4,
-                label=f"{labels[kind]}, {str(dtype).split('.')[-1]}")
+        ax.plot(
+            args.radii, values, style, color=colors[kind], ms=4, label=f"{labels[kind]}, {str(dtype).split('.')[-1]}"
+        )
     ax.set_yscale("log")
     ax.axhline(args.max_iters, color="gray", lw=0.8, ls=":")
     ax.set_xlabel("distance of the target from the origin")

@@ -5,7 +5,7 @@
 # Usage: benchmarks/fashion_end_to_end.sh [OUT_DIR]      (default outputs/fashion_end_to_end)
 # Environment: DATA_DIR (the four IDX files; default: Debian's location or the package cache),
 #              STEPS (pretraining steps, default 900), LR (default 3e-2, Polar-ViT's tuned rate in
-#              benchmarks/fashion_mnist.py), FINETUNE_STEPS (default 150).
+#              benchmarks/fashion_accuracy.py), FINETUNE_STEPS (default 150).
 # About 15 minutes on 2 cores with the defaults; every step's log is kept under OUT_DIR.
 set -euo pipefail
 OUT=${1:-outputs/fashion_end_to_end}

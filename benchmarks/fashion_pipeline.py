@@ -30,16 +30,20 @@ def main(argv: list[str] | None = None) -> int:
 
     test = load_fashion_mnist(args.data_dir)["test"].select(range(args.count))
     classify = pipeline("image-classification", model=args.model_dir, trust_remote_code=False)  # local classes
-    predictions = [result[0]["label"] for result in tqdm(classify(list(test["image"]), batch_size=100),
-                                                         total=args.count, desc="pipeline")]
+    predictions = [
+        result[0]["label"]
+        for result in tqdm(classify(list(test["image"]), batch_size=100), total=args.count, desc="pipeline")
+    ]
     truth = [CLASS_NAMES[label] for label in test["label"]]
     correct = sum(p == t for p, t in zip(predictions, truth))
     print(f"{'test image':>10}  {'prediction':<12} {'truth':<12}")
     for index in range(12):
         mark = "" if predictions[index] == truth[index] else "  x"
         print(f"{index:>10}  {predictions[index]:<12} {truth[index]:<12}{mark}")
-    print(f"pipeline accuracy on the first {args.count} test images: {correct}/{args.count} = "
-          f"{100 * correct / args.count:.2f} %")
+    print(
+        f"pipeline accuracy on the first {args.count} test images: {correct}/{args.count} = "
+        f"{100 * correct / args.count:.2f} %"
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plot(test["image"][:24], predictions[:24], truth[:24], out / "pipeline_predictions.png")

@@ -26,8 +26,10 @@ def main() -> int:
         with torch.device("meta"):
             model, vit = P.PolarViTForImageClassification(config), euclidean_vit(config)
         total = count(model)
-        print(f"{name:<11} {total:>12,} {total - count(model.classifier):>13,} {count(vit):>17,} "
-              f"{PAPER.get(name, '-'):>7}" + ("  (10 classes)" if labels == 10 else ""))
+        print(
+            f"{name:<11} {total:>12,} {total - count(model.classifier):>13,} {count(vit):>17,} "
+            f"{PAPER.get(name, '-'):>7}" + ("  (10 classes)" if labels == 10 else "")
+        )
     return 0
 
 

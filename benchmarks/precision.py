@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from polar_vit_hf.benchmarks.precision_study import bf16_radius_limit, precision_row, weight_decay_row
+from polar_vit_hf.benchmarks.mpmath_reference import bf16_radius_limit, precision_row, weight_decay_row
 
 
 def fmt(v: float) -> str:
@@ -41,35 +41,70 @@ def main(argv: list[str] | None = None) -> int:
     decay = [weight_decay_row(r) for r in tqdm(args.radii, desc="weight-decay step", unit="radius")]
     limits = bf16_radius_limit()
 
-    header = ("r", "sqdist ambient", "sqdist polar", "centroid ambient", "centroid polar",
-              "centring ambient", "centring polar", "resolution limit", "ambient centroid radius")
+    header = (
+        "r",
+        "sqdist ambient",
+        "sqdist polar",
+        "centroid ambient",
+        "centroid polar",
+        "centring ambient",
+        "centring polar",
+        "resolution limit",
+        "ambient centroid radius",
+    )
     print("\nTable 7 (float32 vs 60-digit reference, clusters of 64 points, spread 1, k = 1)")
     print("squared distance: median relative error; centroid / gyro-norm centring: median geodesic error")
     print(" | ".join(f"{h:>16}" for h in header))
     for row in rows:
-        vals = (f"{row.radius:g}", fmt(row.sq_distance_ambient), fmt(row.sq_distance_polar),
-                fmt(row.centroid_ambient), fmt(row.centroid_polar), fmt(row.centring_ambient),
-                fmt(row.centring_polar), fmt(row.resolution_limit), f"{row.centroid_radius_ambient:.2f}")
+        vals = (
+            f"{row.radius:g}",
+            fmt(row.sq_distance_ambient),
+            fmt(row.sq_distance_polar),
+            fmt(row.centroid_ambient),
+            fmt(row.centroid_polar),
+            fmt(row.centring_ambient),
+            fmt(row.centring_polar),
+            fmt(row.resolution_limit),
+            f"{row.centroid_radius_ambient:.2f}",
+        )
         print(" | ".join(f"{v:>16}" for v in vals))
 
     print("\nManifold weight decay: centroid of {x, o} with weights (1 - 1e-5, 1e-5), float32")
     headers = ("r", "exact r'", "polar r'", "ambient r'", "polar err/step", "ambient err/step")
     print(" | ".join(f"{h:>16}" for h in headers))
     for wd in decay:
-        vals = (f"{wd.radius:g}", f"{wd.reference_radius:.6f}", f"{wd.polar_radius:.6f}", f"{wd.ambient_radius:.6f}",
-                fmt(wd.polar_error_of_step), fmt(wd.ambient_error_of_step))
+        vals = (
+            f"{wd.radius:g}",
+            f"{wd.reference_radius:.6f}",
+            f"{wd.polar_radius:.6f}",
+            f"{wd.ambient_radius:.6f}",
+            fmt(wd.polar_error_of_step),
+            fmt(wd.ambient_error_of_step),
+        )
         print(" | ".join(f"{v:>16}" for v in vals))
 
-    print(f"\nbfloat16 storage resolves unit distances up to r = {limits['ambient']:g} (ambient) "
-          f"and r = {limits['polar']:g} (polar); theory 2.8 and 6.2")
+    print(
+        f"\nbfloat16 storage resolves unit distances up to r = {limits['ambient']:g} (ambient) "
+        f"and r = {limits['polar']:g} (polar); theory 2.8 and 6.2"
+    )
 
     with open(out / "precision.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(header)
         for row in rows:
-            writer.writerow([row.radius, row.sq_distance_ambient, row.sq_distance_polar, row.centroid_ambient,
-                             row.centroid_polar, row.centring_ambient, row.centring_polar, row.resolution_limit,
-                             row.centroid_radius_ambient])
+            writer.writerow(
+                [
+                    row.radius,
+                    row.sq_distance_ambient,
+                    row.sq_distance_polar,
+                    row.centroid_ambient,
+                    row.centroid_polar,
+                    row.centring_ambient,
+                    row.centring_polar,
+                    row.resolution_limit,
+                    row.centroid_radius_ambient,
+                ]
+            )
     plot(rows, decay, out / "precision.png")
     print(f"\nwrote {out / 'precision.csv'} and {out / 'precision.png'}")
     return 0
@@ -95,8 +130,9 @@ def plot(rows, decay, path: Path) -> None:
     ]
     for ax, (title, key) in zip(axes, panels):
         for kind, marker, color in (("ambient", "o-", "tab:red"), ("polar", "s-", "tab:blue")):
-            ax.semilogy(radii, clean([getattr(r, f"{key}_{kind}") for r in rows]), marker, color=color,
-                        label=f"{kind} fp32")
+            ax.semilogy(
+                radii, clean([getattr(r, f"{key}_{kind}") for r in rows]), marker, color=color, label=f"{kind} fp32"
+            )
         if key != "sq_distance":
             ax.semilogy(radii, [r.resolution_limit for r in rows], "k--", lw=1, label="resolution limit (Prop. 2)")
         ax.axvline(8.3, color="gray", lw=0.8, ls=":")

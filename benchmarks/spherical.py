@@ -40,8 +40,12 @@ from polar_vit_hf.benchmarks.digits_demo import accuracy_summary
 from polar_vit_hf.modeling.spherical import icosphere, random_rotations
 
 EQUIRECT = (32, 64)  # rows (colatitude) x columns (longitude)
-MODELS = ("ViT (equirectangular)", "ViT + SO(3)-RoPE (icosphere)", "Polar-ViT, horoshift (equirectangular)",
-          "Polar-ViT + SO(3)-RoPE (icosphere)")
+MODELS = (
+    "ViT (equirectangular)",
+    "ViT + SO(3)-RoPE (icosphere)",
+    "Polar-ViT, horoshift (equirectangular)",
+    "Polar-ViT + SO(3)-RoPE (icosphere)",
+)
 
 
 def equirect_points(height: int, width: int) -> torch.Tensor:
@@ -74,8 +78,9 @@ def load_digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float64) / 16.0
     labels = torch.tensor(digits.target)
-    train_x, test_x, train_y, test_y = train_test_split(images, labels, test_size=0.25, random_state=0,
-                                                        stratify=labels)
+    train_x, test_x, train_y, test_y = train_test_split(
+        images, labels, test_size=0.25, random_state=0, stratify=labels
+    )
     return train_x, train_y, test_x, test_y
 
 
@@ -90,17 +95,26 @@ def build(name: str, config: P.PolarViTSphericalConfig) -> tuple[torch.nn.Module
     """The model of a row and the input it reads (``"sphere"`` or ``"plane"``)."""
     from transformers import ViTConfig, ViTForImageClassification
 
-    sizes = dict(hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
-                 num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,
-                 num_labels=10, num_channels=1)
+    sizes = dict(
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        num_labels=10,
+        num_channels=1,
+    )
     if name == "ViT (equirectangular)":
-        return ViTForImageClassification(ViTConfig(image_size=EQUIRECT, patch_size=8, hidden_dropout_prob=0.0,
-                                                   attention_probs_dropout_prob=0.0, **sizes)), "plane"
+        return ViTForImageClassification(
+            ViTConfig(
+                image_size=EQUIRECT, patch_size=8, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **sizes
+            )
+        ), "plane"
     if name == "ViT + SO(3)-RoPE (icosphere)":
         return euclidean_spherical_vit(config), "sphere"
     if name == "Polar-ViT, horoshift (equirectangular)":
-        return P.PolarViTForImageClassification(P.PolarViTConfig(
-            image_size=EQUIRECT[0], patch_size=8, position_embedding="sincos", **sizes)), "plane"
+        return P.PolarViTForImageClassification(
+            P.PolarViTConfig(image_size=EQUIRECT[0], patch_size=8, position_embedding="sincos", **sizes)
+        ), "plane"
     return P.PolarViTSphericalForImageClassification(config), "sphere"
 
 
@@ -112,8 +126,9 @@ def train_and_test(name: str, data: dict, args, seed: int) -> dict:
     train_x, train_y = data["train"][kind], data["train_y"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
     warmup = max(1, args.steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(
-        (step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps)))))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps))))
+    )
     generator = torch.Generator().manual_seed(seed)
     losses, times = [], []
     model.train()
@@ -132,10 +147,11 @@ def train_and_test(name: str, data: dict, args, seed: int) -> dict:
     with torch.no_grad():
         for split in ("test", "rotated"):
             x = data[split][kind]
-            predictions = torch.cat([model(pixel_values=x[i : i + 128]).logits.argmax(-1)
-                                     for i in range(0, x.shape[0], 128)])
+            predictions = torch.cat(
+                [model(pixel_values=x[i : i + 128]).logits.argmax(-1) for i in range(0, x.shape[0], 128)]
+            )
             accuracy[split] = float((predictions == data["test_y"]).float().mean())
-    steady = times[min(5, len(times) - 1):]
+    steady = times[min(5, len(times) - 1) :]
     return {"accuracy": accuracy, "step_s": statistics.mean(steady), "losses": losses}
 
 
@@ -148,8 +164,10 @@ def equivariance_errors(level: int) -> dict[str, float]:
     x = torch.randn(2, 1, config.num_vertices, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     rotated = torch.cat([rotate_signal(x, g, level) for g in icosahedral_rotations()])
     errors = {}
-    for name, model in (("Polar-ViT + SO(3)-RoPE", P.PolarViTSphericalForImageClassification(config)),
-                        ("ViT + SO(3)-RoPE", euclidean_spherical_vit(config))):
+    for name, model in (
+        ("Polar-ViT + SO(3)-RoPE", P.PolarViTSphericalForImageClassification(config)),
+        ("ViT + SO(3)-RoPE", euclidean_spherical_vit(config)),
+    ):
         for dtype in (torch.float64, torch.float32):
             model = model.to(dtype).eval()
             with torch.no_grad():
@@ -175,19 +193,27 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (30 if args.quick else 600)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     train_x, train_y, test_x, test_y = load_digits_split()
-    data = {"train": inputs(train_x, None, args.cap, args.level), "train_y": train_y,
-            "test": inputs(test_x, None, args.cap, args.level), "test_y": test_y,
-            "rotated": inputs(test_x, random_rotations(test_x.shape[0], seed=1234), args.cap, args.level)}
+    data = {
+        "train": inputs(train_x, None, args.cap, args.level),
+        "train_y": train_y,
+        "test": inputs(test_x, None, args.cap, args.level),
+        "test_y": test_y,
+        "rotated": inputs(test_x, random_rotations(test_x.shape[0], seed=1234), args.cap, args.level),
+    }
     errors = equivariance_errors(args.level)
     results = {name: [train_and_test(name, data, args, seed) for seed in seeds] for name in args.models}
 
-    print(f"\nSpherical digits ({train_x.shape[0]} train unrotated / {test_x.shape[0]} test), {args.steps} steps, "
-          f"batch {args.batch}, lr {args.lr:g}, seeds {seeds}")
+    print(
+        f"\nSpherical digits ({train_x.shape[0]} train unrotated / {test_x.shape[0]} test), {args.steps} steps, "
+        f"batch {args.batch}, lr {args.lr:g}, seeds {seeds}"
+    )
     print(f"{'model':<40} {'test, unrotated':>20} {'test, rotated':>20} {'s / step':>9}")
     for name, runs in results.items():
-        print(f"{name:<40} {accuracy_summary([r['accuracy']['test'] for r in runs]):>20} "
-              f"{accuracy_summary([r['accuracy']['rotated'] for r in runs]):>20} "
-              f"{statistics.mean(r['step_s'] for r in runs):>9.3f}")
+        print(
+            f"{name:<40} {accuracy_summary([r['accuracy']['test'] for r in runs]):>20} "
+            f"{accuracy_summary([r['accuracy']['rotated'] for r in runs]):>20} "
+            f"{statistics.mean(r['step_s'] for r in runs):>9.3f}"
+        )
     print("\nicosahedral invariance of the untrained models (max |logit change| / max |logit|, 60 rotations):")
     for name, error in errors.items():
         print(f"  {name:<32} {error:.1e}")
@@ -215,8 +241,13 @@ def plot(results: dict, path: Path) -> None:
     names = list(results)
     for offset, split, color in ((-0.2, "test", "tab:blue"), (0.2, "rotated", "tab:orange")):
         values = [[100 * run["accuracy"][split] for run in results[name]] for name in names]
-        bars.bar([i + offset for i in range(len(names))], [statistics.mean(v) for v in values], width=0.38,
-                 color=color, label="unrotated" if split == "test" else "randomly rotated")
+        bars.bar(
+            [i + offset for i in range(len(names))],
+            [statistics.mean(v) for v in values],
+            width=0.38,
+            color=color,
+            label="unrotated" if split == "test" else "randomly rotated",
+        )
         for i, v in enumerate(values):
             bars.scatter([i + offset] * len(v), v, color="black", s=8, zorder=3)
     bars.set_xticks(range(len(names)), [name.replace(" (", "\n(") for name in names], fontsize=7)

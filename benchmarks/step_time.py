@@ -1,7 +1,7 @@
 """Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
 
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile] [--device cuda]
-          [--models euclidean ambient polar-reference polar polar-chunked] [--interleave]
+          [--models euclidean ambient polar-reference polar polar-chunked] [--interleave] [--autocast bf16]
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic, Polar-ViT in polar arithmetic
 with the reference layers (``fused_ops=False``: geometry functions differentiated by autograd, eager
@@ -17,7 +17,9 @@ the median of ``--repeats`` steps after ``--warmup`` steps; ratios are taken wit
 per-round ratios, robust to the machine's speed drifting during the run).  The
 Euclidean model is
 transformers' ``ViTForImageClassification`` with the same depth, width, MLP width, heads and patch
-size.  Writes ``step_time.csv`` and ``step_time.png`` to ``--out``.
+size.  ``--autocast bf16`` runs every model's step under ``torch.autocast`` (Polar-ViT: the mixed-precision policy,
+Polar-FC products in bf16; the ViT: every linear layer in bf16).  Writes ``step_time.csv`` and
+``step_time.png`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -64,8 +66,11 @@ def worker(args: argparse.Namespace) -> None:
     step_fn = torch.compile(model) if args.compile else model
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
+
     def step() -> None:
-        loss = step_fn(pixel_values=pixels, labels=labels).loss
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = step_fn(pixel_values=pixels, labels=labels).loss
         loss.backward()
         model.zero_grad(set_to_none=True)
         sync()
@@ -92,15 +97,19 @@ def worker(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             step()
             times.append(time.perf_counter() - start)
-    print(json.dumps({
-        "model": args.model,
-        "median_s": statistics.median(times),
-        "times": times,
-        "peak_growth_mib": growth["mib"],
-        "saved_mib": saved / 2**20,
-        "params": sum(p.numel() for p in model.parameters()),
-        "first_step_s": first_step_s,
-    }))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "median_s": statistics.median(times),
+                "times": times,
+                "peak_growth_mib": growth["mib"],
+                "saved_mib": saved / 2**20,
+                "params": sum(p.numel() for p in model.parameters()),
+                "first_step_s": first_step_s,
+            }
+        )
+    )
 
 
 def peak_memory_growth(device):
@@ -155,19 +164,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="steps before timing (at least 1)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (long compile on CPU)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="cuda: times with synchronisation, peak memory from max_memory_allocated")
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
-                        help="which models to time (ratios need euclidean / ambient among them)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="cuda: times with synchronisation, peak memory from max_memory_allocated",
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=MODELS,
+        default=list(MODELS),
+        help="which models to time (ratios need euclidean / ambient among them)",
+    )
+    parser.add_argument(
+        "--autocast",
+        choices=("none", "bf16", "fp16"),
+        default="none",
+        help="run each step under torch.autocast in this dtype (the mixed-precision policy)",
+    )
     parser.add_argument("--out", default="outputs/step_time")
-    parser.add_argument("--interleave", action="store_true",
-                        help="keep every model's process alive and time their steps in turns (round robin), so a "
-                             "change in the machine's speed during the run hits every model alike; the ratios are "
-                             "the medians of the per-round ratios (all models resident at once: mind the memory)")
-    parser.add_argument("--round_warmup", type=int, default=1,
-                        help="with --interleave: untimed steps each model takes before its timed step of a round "
-                             "(a process that sat idle while the others stepped starts with cold caches and, on "
-                             "this VM, memory the kernel reclaimed; a training loop never idles between steps)")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="keep every model's process alive and time their steps in turns (round robin), so a "
+        "change in the machine's speed during the run hits every model alike; the ratios are "
+        "the medians of the per-round ratios (all models resident at once: mind the memory)",
+    )
+    parser.add_argument(
+        "--round_warmup",
+        type=int,
+        default=1,
+        help="with --interleave: untimed steps each model takes before its timed step of a round "
+        "(a process that sat idle while the others stepped starts with cold caches and, on "
+        "this VM, memory the kernel reclaimed; a training loop never idles between steps)",
+    )
     parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -178,56 +209,98 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     def command(name: str) -> list[str]:
-        line = [sys.executable, __file__, "--model", name, "--preset", args.preset, "--batch", str(args.batch),
-                "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads),
-                "--device", args.device, "--round_warmup", str(args.round_warmup)]
+        line = [
+            sys.executable,
+            __file__,
+            "--model",
+            name,
+            "--preset",
+            args.preset,
+            "--batch",
+            str(args.batch),
+            "--repeats",
+            str(args.repeats),
+            "--warmup",
+            str(args.warmup),
+            "--threads",
+            str(args.threads),
+            "--device",
+            args.device,
+            "--round_warmup",
+            str(args.round_warmup),
+            "--autocast",
+            args.autocast,
+        ]
         return line + (["--compile"] if args.compile else []) + (["--serve"] if args.interleave else [])
 
     results = interleaved(args, command, tqdm) if args.interleave else {}
     if results is None:
         return 1
-    for name in ([] if args.interleave else tqdm(args.models, desc="models", unit="model")):
+    for name in [] if args.interleave else tqdm(args.models, desc="models", unit="model"):
         done = subprocess.run(command(name), capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)
             return done.returncode
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
-        tqdm.write(f"{name}: {results[name]['median_s'] * 1e3:.0f} ms / step, "
-                   f"{results[name]['peak_growth_mib']:.0f} MiB peak, "
-                   f"{results[name]['saved_mib']:.0f} MiB saved")  # kept if a later model fails
+        tqdm.write(
+            f"{name}: {results[name]['median_s'] * 1e3:.0f} ms / step, "
+            f"{results[name]['peak_growth_mib']:.0f} MiB peak, "
+            f"{results[name]['saved_mib']:.0f} MiB saved"
+        )  # kept if a later model fails
 
     where = f"{args.threads} CPU threads" if args.device == "cpu" else "CUDA"
-    print(f"\n{args.preset}, batch {args.batch}, forward + backward, {where}, "
-          f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}")
-    print(f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {'peak RSS growth':>16} {'vs ViT':>7} "
-          f"{'saved for bwd':>14} {'vs ViT':>7}")
-    labels = {"euclidean": "Euclidean ViT (transformers)", "ambient": "Polar-ViT, ambient arithmetic",
-              "polar-reference": "Polar-ViT, polar, reference layers", "polar": "Polar-ViT, polar, fused (default)",
-              "polar-eager": "Polar-ViT, fused, no compiled kernels",
-              "polar-chunked": "Polar-ViT, polar, fused + chunked attn"}
+    print(
+        f"\n{args.preset}, batch {args.batch}, forward + backward, {where}, "
+        f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}"
+        + ("" if args.autocast == "none" else f", under torch.autocast({args.autocast})")
+    )
+    print(
+        f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {'peak RSS growth':>16} {'vs ViT':>7} "
+        f"{'saved for bwd':>14} {'vs ViT':>7}"
+    )
+    labels = {
+        "euclidean": "Euclidean ViT (transformers)",
+        "ambient": "Polar-ViT, ambient arithmetic",
+        "polar-reference": "Polar-ViT, polar, reference layers",
+        "polar": "Polar-ViT, polar, fused (default)",
+        "polar-eager": "Polar-ViT, fused, no compiled kernels",
+        "polar-chunked": "Polar-ViT, polar, fused + chunked attn",
+    }
     euclid = results.get("euclidean")
     ratio = lambda value, key: f"{value / euclid[key]:>6.2f}x" if euclid else f"{'-':>7}"  # noqa: E731
     if args.interleave and euclid:  # time ratios: medians of the per-round ratios
-        paired = {name: statistics.median(t / e for t, e in zip(results[name]["times"], euclid["times"]))
-                  for name in args.models}
+        paired = {
+            name: statistics.median(t / e for t, e in zip(results[name]["times"], euclid["times"]))
+            for name in args.models
+        }
         ratio = lambda value, key, name=None: (  # noqa: E731
-            f"{paired[name]:>6.2f}x" if key == "median_s" else f"{value / euclid[key]:>6.2f}x")
+            f"{paired[name]:>6.2f}x" if key == "median_s" else f"{value / euclid[key]:>6.2f}x"
+        )
     for name in args.models:
         r = results[name]
-        time_ratio = ratio(r["median_s"], "median_s", name) if args.interleave and euclid else ratio(r["median_s"],
-                                                                                                   "median_s")
-        print(f"{labels[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {time_ratio} "
-              f"{r['peak_growth_mib']:>12.0f} MiB {ratio(r['peak_growth_mib'], 'peak_growth_mib')} "
-              f"{r['saved_mib']:>10.0f} MiB {ratio(r['saved_mib'], 'saved_mib')}")
+        time_ratio = (
+            ratio(r["median_s"], "median_s", name) if args.interleave and euclid else ratio(r["median_s"], "median_s")
+        )
+        print(
+            f"{labels[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {time_ratio} "
+            f"{r['peak_growth_mib']:>12.0f} MiB {ratio(r['peak_growth_mib'], 'peak_growth_mib')} "
+            f"{r['saved_mib']:>10.0f} MiB {ratio(r['saved_mib'], 'saved_mib')}"
+        )
     if args.interleave and euclid:
-        print("(interleaved: time ratios are medians of the per-round ratios; per-round ViT / model times in ms: "
-              + "; ".join(f"{name} " + " ".join(f"{t * 1e3:.0f}" for t in results[name]["times"])
-                          for name in args.models) + ")")
+        print(
+            "(interleaved: time ratios are medians of the per-round ratios; per-round ViT / model times in ms: "
+            + "; ".join(
+                f"{name} " + " ".join(f"{t * 1e3:.0f}" for t in results[name]["times"]) for name in args.models
+            )
+            + ")"
+        )
     if {"polar", "ambient"} <= set(results):
         print(f"polar / ambient: {results['polar']['median_s'] / results['ambient']['median_s']:.2f}x")
     if {"polar", "polar-reference"} <= set(results):
-        print(f"fused / reference: time {results['polar']['median_s'] / results['polar-reference']['median_s']:.2f}x, "
-              f"saved {results['polar']['saved_mib'] / results['polar-reference']['saved_mib']:.2f}x")
+        print(
+            f"fused / reference: time {results['polar']['median_s'] / results['polar-reference']['median_s']:.2f}x, "
+            f"saved {results['polar']['saved_mib'] / results['polar-reference']['saved_mib']:.2f}x"
+        )
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerow(["model", "params", "median_s", "peak_growth_mib", "saved_mib", "first_step_s"])
         for name in args.models:
             r = results[name]
-            writer.writerow([name, *(r[key] for key in ("params", "median_s", "peak_growth_mib", "saved_mib",
-                                                          "first_step_s"))])
+            writer.writerow(
+                [name, *(r[key] for key in ("params", "median_s", "peak_growth_mib", "saved_mib", "first_step_s"))]
+            )
     plot(results, labels, out / "step_time.png", args)
     print(f"wrote {out / 'step_time.csv'} and {out / 'step_time.png'}")
     return 0
@@ -249,8 +323,9 @@ def interleaved(args: argparse.Namespace, command, tqdm) -> dict | None:
     workers = {}
     try:
         for name in tqdm(args.models, desc="start models", unit="model"):
-            workers[name] = subprocess.Popen(command(name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True)
+            workers[name] = subprocess.Popen(
+                command(name), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
             line = workers[name].stdout.readline()
             if not line or not json.loads(line).get("ready"):
                 print(workers[name].stderr.read()[-3000:], file=sys.stderr)
@@ -267,8 +342,11 @@ def interleaved(args: argparse.Namespace, command, tqdm) -> dict | None:
             if worker.returncode != 0:
                 print(err[-3000:], file=sys.stderr)
                 return None
-            results[name] = {**json.loads(out.strip().splitlines()[-1]), "times": times[name],
-                             "median_s": statistics.median(times[name])}
+            results[name] = {
+                **json.loads(out.strip().splitlines()[-1]),
+                "times": times[name],
+                "median_s": statistics.median(times[name]),
+            }
         return results
     finally:
         for worker in workers.values():
@@ -284,11 +362,14 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = list(results)
-    colors = [dict(zip(MODELS, ["tab:gray", "tab:red", "tab:purple", "tab:blue", "tab:green", "tab:cyan"]))[n]
-              for n in names]
-    for ax, key, scale, label in ((axes[0], "median_s", 1e3, "ms / step (fwd + bwd)"),
-                                  (axes[1], "peak_growth_mib", 1.0, "peak RSS growth (MiB)"),
-                                  (axes[2], "saved_mib", 1.0, "saved for backward (MiB)")):
+    colors = [
+        dict(zip(MODELS, ["tab:gray", "tab:red", "tab:purple", "tab:blue", "tab:green", "tab:cyan"]))[n] for n in names
+    ]
+    for ax, key, scale, label in (
+        (axes[0], "median_s", 1e3, "ms / step (fwd + bwd)"),
+        (axes[1], "peak_growth_mib", 1.0, "peak RSS growth (MiB)"),
+        (axes[2], "saved_mib", 1.0, "saved for backward (MiB)"),
+    ):
         ax.bar([labels[n] for n in names], [results[n][key] * scale for n in names], color=colors)
         ax.set_ylabel(label)
     for ax in axes:

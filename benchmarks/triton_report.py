@@ -43,8 +43,9 @@ def compile_kernel(kernel: str, head_dim: int, arch: str, part: int = 0) -> dict
 
     config = T.launch_config(kernel, head_dim)
     fn = getattr(T, T.KERNEL_NAMES[kernel])
-    constexprs = dict(D=head_dim, D_PAD=T.padded_head_dim(head_dim), BLOCK_M=config["BLOCK_M"],
-                      BLOCK_N=config["BLOCK_N"])
+    constexprs = dict(
+        D=head_dim, D_PAD=T.padded_head_dim(head_dim), BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"]
+    )
     if kernel == "bwd_kv":
         constexprs["PART"] = part
     signature = {}
@@ -59,24 +60,40 @@ def compile_kernel(kernel: str, head_dim: int, arch: str, part: int = 0) -> dict
             signature[name] = "*fp32"
     capability, ptx_arch = ARCHS[arch]
     start = time.perf_counter()
-    compiled = triton.compile(ASTSource(fn, signature=signature, constexprs=constexprs),
-                              target=GPUTarget("cuda", capability, 32),
-                              options=dict(num_warps=config["num_warps"], num_stages=config["num_stages"]))
+    compiled = triton.compile(
+        ASTSource(fn, signature=signature, constexprs=constexprs),
+        target=GPUTarget("cuda", capability, 32),
+        options=dict(num_warps=config["num_warps"], num_stages=config["num_stages"]),
+    )
     seconds = time.perf_counter() - start
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "kernel.ptx"
         ptx.write_text(compiled.asm["ptx"])
-        done = subprocess.run([str(ptxas), f"-arch={ptx_arch}", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [str(ptxas), f"-arch={ptx_arch}", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     info = done.stderr + done.stdout
     number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, info)) else 0  # noqa: E731
     label = {0: kernel, 1: "bwd_k", 2: "bwd_v"}[part]
-    return dict(kernel=label, head_dim=head_dim, arch=arch, block_m=config["BLOCK_M"], block_n=config["BLOCK_N"],
-                num_warps=config["num_warps"], num_stages=config["num_stages"],
-                registers=number(r"Used (\d+) registers"), spill_stores=number(r"(\d+) bytes spill stores"),
-                spill_loads=number(r"(\d+) bytes spill loads"), stack=number(r"(\d+) bytes stack frame"),
-                shared=int(compiled.metadata.shared), compile_s=round(seconds, 1))
+    return dict(
+        kernel=label,
+        head_dim=head_dim,
+        arch=arch,
+        block_m=config["BLOCK_M"],
+        block_n=config["BLOCK_N"],
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
+        registers=number(r"Used (\d+) registers"),
+        spill_stores=number(r"(\d+) bytes spill stores"),
+        spill_loads=number(r"(\d+) bytes spill loads"),
+        stack=number(r"(\d+) bytes stack frame"),
+        shared=int(compiled.metadata.shared),
+        compile_s=round(seconds, 1),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,17 +108,26 @@ def main(argv: list[str] | None = None) -> int:
 
     from polar_vit_hf.modeling.triton_attention import kv_parts
 
-    jobs = [(kernel, dim, arch, part) for arch in args.arch for dim in args.head_dims for kernel in args.kernels
-            for part in (kv_parts(dim) if kernel == "bwd_kv" else (0,))]
+    jobs = [
+        (kernel, dim, arch, part)
+        for arch in args.arch
+        for dim in args.head_dims
+        for kernel in args.kernels
+        for part in (kv_parts(dim) if kernel == "bwd_kv" else (0,))
+    ]
     rows = [compile_kernel(*job) for job in tqdm(jobs, desc="compiling", unit="kernel")]
-    header = f"{'kernel':<7} {'D':>4} {'arch':<6} {'blocks':>7} {'warps':>5} {'stages':>6} {'regs':>5} " \
-             f"{'spill st/ld (B)':>16} {'stack':>6} {'smem (B)':>9} {'compile':>8}"
+    header = (
+        f"{'kernel':<7} {'D':>4} {'arch':<6} {'blocks':>7} {'warps':>5} {'stages':>6} {'regs':>5} "
+        f"{'spill st/ld (B)':>16} {'stack':>6} {'smem (B)':>9} {'compile':>8}"
+    )
     print(header)
     for row in rows:
-        print(f"{row['kernel']:<7} {row['head_dim']:>4} {row['arch']:<6} {row['block_m']:>3}x{row['block_n']:<3} "
-              f"{row['num_warps']:>5} {row['num_stages']:>6} {row['registers']:>5} "
-              f"{row['spill_stores']:>8}/{row['spill_loads']:<7} {row['stack']:>6} {row['shared']:>9} "
-              f"{row['compile_s']:>7.1f}s")
+        print(
+            f"{row['kernel']:<7} {row['head_dim']:>4} {row['arch']:<6} {row['block_m']:>3}x{row['block_n']:<3} "
+            f"{row['num_warps']:>5} {row['num_stages']:>6} {row['registers']:>5} "
+            f"{row['spill_stores']:>8}/{row['spill_loads']:<7} {row['stack']:>6} {row['shared']:>9} "
+            f"{row['compile_s']:>7.1f}s"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "triton_report.csv", "w", newline="") as handle:

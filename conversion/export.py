@@ -78,8 +78,10 @@ def _from_folder(folder: Path):
     try:
         return P.PolarViTForImageClassification.from_pretrained(folder)
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-        raise ExportError(f"{folder}: could not load the saved model ({type(error).__name__}: "
-                          f"{str(error).splitlines()[0] if str(error) else ''})") from None
+        raise ExportError(
+            f"{folder}: could not load the saved model ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''})"
+        ) from None
 
 
 def _from_state_dict(config, state: dict[str, torch.Tensor], origin: Path):
@@ -91,15 +93,20 @@ def _from_state_dict(config, state: dict[str, torch.Tensor], origin: Path):
     except RuntimeError as error:  # shape mismatches
         raise ExportError(f"{origin}: weights do not match the config: {str(error).splitlines()[1].strip()}") from None
     if missing or unexpected:
-        raise ExportError(f"{origin}: weights do not match the config (missing {sorted(missing)[:5]}, "
-                          f"unexpected {sorted(unexpected)[:5]})")
+        raise ExportError(
+            f"{origin}: weights do not match the config (missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]})"
+        )
     return model
 
 
 def check_finite(model, origin: Path) -> None:
     """Refuse weights with NaN/Inf entries (a diverged run) rather than publish them."""
-    bad = [name for name, tensor in model.state_dict().items()
-           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    bad = [
+        name
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    ]
     if bad:
         raise ExportError(f"{origin}: {len(bad)} weight tensors hold NaN/Inf (diverged training?): {bad[:5]}")
 
@@ -143,8 +150,11 @@ def load_source(source: Path, config_spec: str | None, allow_pickle: bool, which
             raise ExportError(f"{checkpoints[-1]} has no model.safetensors (incomplete checkpoint?)")
         from safetensors.torch import load_file
 
-        labels = {int(k): v for k, v in json.loads((source / "labels.json").read_text()).items()} \
-            if (source / "labels.json").exists() else {i: str(i) for i in range(10)}
+        labels = (
+            {int(k): v for k, v in json.loads((source / "labels.json").read_text()).items()}
+            if (source / "labels.json").exists()
+            else {i: str(i) for i in range(10)}
+        )
         _, config = build_model(recipe, "polar", labels)
         return Source(_from_state_dict(config, load_file(weights), weights), source, None)
     raise ExportError(f"{source}: not a save_pretrained/Trainer folder, a pretraining output dir or a weights file")
@@ -162,8 +172,11 @@ def run_results(source: Source, dataset: str | None, split: str):
         if "eval_accuracy" not in metrics:
             return []
         top5 = metrics.get("eval_top_5_accuracy")
-        return [Result(dataset or "held-out", split, float(metrics["eval_accuracy"]),
-                       None if top5 is None else float(top5))]
+        return [
+            Result(
+                dataset or "held-out", split, float(metrics["eval_accuracy"]), None if top5 is None else float(top5)
+            )
+        ]
     if source.run_dir is None or not (source.run_dir / "metrics.csv").exists():
         return []
     with open(source.run_dir / "metrics.csv") as handle:
@@ -198,32 +211,44 @@ def training_summary(run_dir: Path | None) -> str:
     if run_dir is not None and (run_dir / "run_info.json").exists():
         info = json.loads((run_dir / "run_info.json").read_text())
         optimizer = "AdamW" if info.get("arch") == "euclidean" else "Riemannian AdamW"
-        return (f"Fine-tuned from `{info['init_from']}` with `training/finetune.py` (transformers `Trainer`, "
-                f"H-CAST recipe) on `{info['dataset']}` ({info.get('train_split', 'train')} split) at "
-                f"{info['image_size']} px: {optimizer}, lr {info['lr']:.3g}, weight decay {info['weight_decay']}, "
-                f"effective batch {info['effective_batch']} ({info.get('processes', 1)} processes), "
-                f"{info['steps']} steps ({info['warmup_steps']} warm-up, cosine), label smoothing "
-                f"{info['label_smoothing']}, Mixup {info['mixup']} / CutMix {info['cutmix']}, RandAugment "
-                f"`{info['rand_augment']}`, random erasing {info['random_erasing']}, stochastic depth "
-                f"{info['drop_path']}.")
+        return (
+            f"Fine-tuned from `{info['init_from']}` with `training/finetune.py` (transformers `Trainer`, "
+            f"H-CAST recipe) on `{info['dataset']}` ({info.get('train_split', 'train')} split) at "
+            f"{info['image_size']} px: {optimizer}, lr {info['lr']:.3g}, weight decay {info['weight_decay']}, "
+            f"effective batch {info['effective_batch']} ({info.get('processes', 1)} processes), "
+            f"{info['steps']} steps ({info['warmup_steps']} warm-up, cosine), label smoothing "
+            f"{info['label_smoothing']}, Mixup {info['mixup']} / CutMix {info['cutmix']}, RandAugment "
+            f"`{info['rand_augment']}`, random erasing {info['random_erasing']}, stochastic depth "
+            f"{info['drop_path']}."
+        )
     if run_dir is None or not (run_dir / "recipe.json").exists():
         return "Training details were not recorded with this export."
     recipe = json.loads((run_dir / "recipe.json").read_text())
     optim, data = recipe["optim"], recipe["data"]
     decay = "decoupled (big_vision)" if optim.get("decoupled_wd") else "coupled (PyTorch AdamW)"
     clipping = f", gradient clipping at {optim['max_grad_norm']}" if optim.get("max_grad_norm") else ""
-    return (f"Trained with `training/pretrain.py` on `{data['dataset']}` at {data['image_size']} px: "
-            f"Riemannian AdamW, "
-            f"lr {optim['lr']}, weight decay {optim['weight_decay']} {decay}{clipping}, global batch "
-            f"{optim['batch_size']} "
-            f"x {optim.get('grad_accum', 1)} accumulation, cosine schedule with warm-up, "
-            f"{optim.get('max_steps') or str(optim.get('epochs')) + ' epochs'} steps; augmentation "
-            f"`{json.dumps(recipe['augment'], sort_keys=True)}`.")
+    return (
+        f"Trained with `training/pretrain.py` on `{data['dataset']}` at {data['image_size']} px: "
+        f"Riemannian AdamW, "
+        f"lr {optim['lr']}, weight decay {optim['weight_decay']} {decay}{clipping}, global batch "
+        f"{optim['batch_size']} "
+        f"x {optim.get('grad_accum', 1)} accumulation, cosine schedule with warm-up, "
+        f"{optim.get('max_steps') or str(optim.get('epochs')) + ' epochs'} steps; augmentation "
+        f"`{json.dumps(recipe['augment'], sort_keys=True)}`."
+    )
 
 
-def export(source: Path, out_dir: Path, repo_id: str | None = None, config_spec: str | None = None,
-           allow_pickle: bool = False, max_shard_size: str = "2GB", which: str = "last",
-           dataset: str | None = None, split: str | None = None) -> Path:
+def export(
+    source: Path,
+    out_dir: Path,
+    repo_id: str | None = None,
+    config_spec: str | None = None,
+    allow_pickle: bool = False,
+    max_shard_size: str = "2GB",
+    which: str = "last",
+    dataset: str | None = None,
+    split: str | None = None,
+) -> Path:
     import polar_vit_hf as P
     from polar_vit_hf.model_card import render_model_card
 
@@ -238,8 +263,14 @@ def export(source: Path, out_dir: Path, repo_id: str | None = None, config_spec:
     dataset, split = dataset or recorded_dataset, split or recorded_split or "test"
     repo_id = repo_id or f"polar-vit/{out_dir.name}"
     base, revision = base_model(run_dir)
-    card = render_model_card(model, repo_id, run_results(loaded, dataset, split), training_summary(run_dir),
-                             base_model=base, base_model_revision=revision)
+    card = render_model_card(
+        model,
+        repo_id,
+        run_results(loaded, dataset, split),
+        training_summary(run_dir),
+        base_model=base,
+        base_model_revision=revision,
+    )
     card.save(out_dir / "README.md")
     return out_dir
 
@@ -256,11 +287,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_shard_size", default="2GB")
     parser.add_argument("--which", choices=("last", "best"), default="last")
     parser.add_argument("--dataset", help="dataset name for the card (default: the run's recipe)")
-    parser.add_argument("--split", help="split the recorded accuracy was measured on (default: the run's evaluated "
-                        "split)")
+    parser.add_argument(
+        "--split", help="split the recorded accuracy was measured on (default: the run's evaluated split)"
+    )
     args = parser.parse_args(argv)
-    out = export(args.source, args.out_dir, args.repo_id, args.config, args.allow_pickle, args.max_shard_size,
-                 args.which, args.dataset, args.split)
+    out = export(
+        args.source,
+        args.out_dir,
+        args.repo_id,
+        args.config,
+        args.allow_pickle,
+        args.max_shard_size,
+        args.which,
+        args.dataset,
+        args.split,
+    )
     print(f"exported to {out}: {sorted(p.name for p in out.iterdir())}")
     return 0
 

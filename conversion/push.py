@@ -32,18 +32,27 @@ def check_verified(folder: Path) -> dict[str, str]:
     current = folder_digest(folder)
     if recorded != current:
         changed = sorted(set(recorded.items()) ^ set(current.items()))
-        raise PushError(f"{folder} changed since it was verified ({sorted({name for name, _ in changed})[:5]}); "
-                        f"verify it again")
+        raise PushError(
+            f"{folder} changed since it was verified ({sorted({name for name, _ in changed})[:5]}); verify it again"
+        )
     return current
 
 
-def push(folder: Path, repo_id: str, private: bool = False, revision: str | None = None,
-         message: str | None = None, dry_run: bool = False) -> str | None:
+def push(
+    folder: Path,
+    repo_id: str,
+    private: bool = False,
+    revision: str | None = None,
+    message: str | None = None,
+    dry_run: bool = False,
+) -> str | None:
     """Create the repo (and branch) if needed and upload the verified folder; returns the commit URL."""
     files = check_verified(folder)
     if dry_run:
-        print(f"dry run: would upload {len(files)} files to {repo_id}"
-              f"{f' (branch {revision})' if revision else ''}{' as a private repo' if private else ''}:")
+        print(
+            f"dry run: would upload {len(files)} files to {repo_id}"
+            f"{f' (branch {revision})' if revision else ''}{' as a private repo' if private else ''}:"
+        )
         for name in sorted(files):
             print(f"  {name}  ({(folder / name).stat().st_size:,} bytes)")
         return None
@@ -55,17 +64,28 @@ def push(folder: Path, repo_id: str, private: bool = False, revision: str | None
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     if revision and revision != "main":
         api.create_branch(repo_id, branch=revision, exist_ok=True)
-    commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, revision=revision,
-                               commit_message=message or f"Upload Polar-ViT ({len(files)} files)",
-                               ignore_patterns=[MARKER])
-    print(f"pushed {len(files)} files to {commit.commit_url}\n"
-          f"check the upload: python conversion/verify.py {repo_id} --source {folder}"
-          f"{f' --revision {revision}' if revision else ''}")
+    commit = api.upload_folder(
+        folder_path=str(folder),
+        repo_id=repo_id,
+        revision=revision,
+        commit_message=message or f"Upload Polar-ViT ({len(files)} files)",
+        ignore_patterns=[MARKER],
+    )
+    print(
+        f"pushed {len(files)} files to {commit.commit_url}\n"
+        f"check the upload: python conversion/verify.py {repo_id} --source {folder}"
+        f"{f' --revision {revision}' if revision else ''}"
+    )
     return commit.commit_url
 
 
-def publish(source: Path, repo_id: str | None = None, private: bool = False, revision: str | None = None,
-            out_dir: Path | None = None) -> bool:
+def publish(
+    source: Path,
+    repo_id: str | None = None,
+    private: bool = False,
+    revision: str | None = None,
+    out_dir: Path | None = None,
+) -> bool:
     """export -> verify -> push: a training output (any ``export.py`` source) to the Hub.
 
     The folder goes to ``out_dir`` (default ``SOURCE/hub_export``); ``repo_id`` defaults to

@@ -47,8 +47,11 @@ REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 def folder_digest(folder: Path) -> dict[str, str]:
     """SHA-256 of every file in the folder (the verification marker excluded)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MARKER}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MARKER
+    }
 
 
 def sample_images() -> list[np.ndarray]:
@@ -56,8 +59,10 @@ def sample_images() -> list[np.ndarray]:
     from skimage import data as skdata
     from sklearn.datasets import load_sample_images
 
-    return [np.array(image) for image in (skdata.astronaut(), skdata.chelsea(), skdata.coffee(),
-                                         *load_sample_images().images)]  # writable copies
+    return [
+        np.array(image)
+        for image in (skdata.astronaut(), skdata.chelsea(), skdata.coffee(), *load_sample_images().images)
+    ]  # writable copies
 
 
 CHILD = textwrap.dedent(
@@ -85,20 +90,29 @@ CHILD = textwrap.dedent(
 )
 
 
-def run_child(target: str, inputs: Path, block: bool, workdir: Path, revision: str | None = None,
-              from_hub: bool = False) -> dict:
+def run_child(
+    target: str, inputs: Path, block: bool, workdir: Path, revision: str | None = None, from_hub: bool = False
+) -> dict:
     """Load ``target`` (folder or repo id) in a fresh interpreter; an empty cache, offline for folders."""
     out = workdir / f"child-{'remote' if block else 'package'}.pt"
     env = {**os.environ, "HF_HOME": str(workdir / f"hf-home-{'remote' if block else 'package'}")}
     if not from_hub:
         env["HF_HUB_OFFLINE"] = "1"
-    args = {"remote": block, "target": target, "revision": revision, "inputs": str(inputs), "out": str(out),
-            "task": None if from_hub else "image-classification"}  # from the Hub: the card's pipeline_tag
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env,
-                          timeout=900)
+    args = {
+        "remote": block,
+        "target": target,
+        "revision": revision,
+        "inputs": str(inputs),
+        "out": str(out),
+        "task": None if from_hub else "image-classification",
+    }  # from the Hub: the card's pipeline_tag
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env, timeout=900
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"loading {'with trust_remote_code' if block else 'with polar_vit_hf'} failed:\n"
-                           f"{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"loading {'with trust_remote_code' if block else 'with polar_vit_hf'} failed:\n{done.stderr[-3000:]}"
+        )
     return torch.load(out, weights_only=False)
 
 
@@ -115,8 +129,10 @@ def check_hub_files(repo_id: str, revision: str | None, source: Path, workdir: P
     remote = {name: digest for name, digest in folder_digest(local).items() if name != ".gitattributes"}
     expected = folder_digest(source)
     differ = sorted(name for name in set(remote) | set(expected) if remote.get(name) != expected.get(name))
-    print(f"  {'files on the Hub':<32} {len(remote)} downloaded, "
-          f"{'SHA-256 equal to ' + str(source) if not differ else 'DIFFER from the source: ' + str(differ[:5])}")
+    print(
+        f"  {'files on the Hub':<32} {len(remote)} downloaded, "
+        f"{'SHA-256 equal to ' + str(source) if not differ else 'DIFFER from the source: ' + str(differ[:5])}"
+    )
     return not differ
 
 
@@ -127,12 +143,15 @@ def check_export_folder(folder: Path) -> None:
     if not (folder / "config.json").exists():
         raise UserError(f"{folder}: no config.json - not an exported model folder (make one with polar-vit-export)")
     if not (any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").exists()):
-        raise UserError(f"{folder}: no model weights (model.safetensors or a sharded index) - export the checkpoint "
-                        f"with polar-vit-export first")
+        raise UserError(
+            f"{folder}: no model weights (model.safetensors or a sharded index) - export the checkpoint "
+            f"with polar-vit-export first"
+        )
 
 
-def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e-5,
-           revision: str | None = None) -> bool:
+def verify(
+    target: Path | str, source: Path | None = None, tolerance: float = 1e-5, revision: str | None = None
+) -> bool:
     """Load ``target`` (an export folder, or a pushed repo id with ``source``) both ways; see the module doc."""
     import polar_vit_hf as P
     from polar_vit_hf.conversion.export import load_source
@@ -143,8 +162,9 @@ def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e
     folder = Path(source if from_hub else target)
     if not from_hub:
         check_export_folder(folder)
-    model = (load_source(source, None, False).model if source
-             else P.PolarViTForImageClassification.from_pretrained(folder))
+    model = (
+        load_source(source, None, False).model if source else P.PolarViTForImageClassification.from_pretrained(folder)
+    )
     model.eval()
     processor_from = folder if (folder / "preprocessor_config.json").exists() else str(target)
     processor = P.PolarViTImageProcessor.from_pretrained(processor_from, revision=revision)
@@ -160,8 +180,7 @@ def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e
         workdir = Path(tmp)
         inputs = workdir / "inputs.pt"
         tensors = [torch.from_numpy(np.ascontiguousarray(i)) for i in images]
-        torch.save({"pixel_values": pixel_values, "images": tensors},
-                   inputs)
+        torch.save({"pixel_values": pixel_values, "images": tensors}, inputs)
         where = f"{target} on {os.environ.get('HF_ENDPOINT', 'the Hub')}" if from_hub else target
         print(f"verify {where}: {len(images)} photographs + 2 noise images, tolerance {tolerance:g}")
         if from_hub:
@@ -189,8 +208,10 @@ def verify(target: Path | str, source: Path | None = None, tolerance: float = 1e
             remote_ok = ("polar_vit_hf" not in result["module"]) == block
             passed = diff <= tolerance and labels_ok and remote_ok
             ok &= passed
-            print(f"  {name:<32} max |logits diff| {diff:.2e}  pipeline labels {result['labels'][:3]}...  "
-                  f"module {result['module']}  {'ok' if passed else 'MISMATCH'}")
+            print(
+                f"  {name:<32} max |logits diff| {diff:.2e}  pipeline labels {result['labels'][:3]}...  "
+                f"module {result['module']}  {'ok' if passed else 'MISMATCH'}"
+            )
     if ok and not from_hub:
         (folder / MARKER).write_text(json.dumps({"tolerance": tolerance, "files": folder_digest(folder)}, indent=2))
         print(f"verified: wrote {folder / MARKER}")

@@ -21,9 +21,11 @@ def main() -> int:
     config = P.PolarViTConfig.from_preset("small", num_labels=1000)
     with torch.device("meta"):
         model = P.PolarViTForImageClassification(config)
-    summary = ("Recipe `training/recipes/imagenet1k.yaml`: ImageNet-1k at 224 px, 90 epochs, Beyer et al. 2022 "
-               "with Riemannian AdamW in place of AdamW (paper Appendix D.4). This example was rendered without a "
-               "training run, so it lists no results.")
+    summary = (
+        "Recipe `training/recipes/imagenet1k.yaml`: ImageNet-1k at 224 px, 90 epochs, Beyer et al. 2022 "
+        "with Riemannian AdamW in place of AdamW (paper Appendix D.4). This example was rendered without a "
+        "training run, so it lists no results."
+    )
     card = render_model_card(model, "polar-vit/polar-vit-small", [], summary, datasets=["imagenet-1k"])
     path = Path(__file__).with_name("example-polar-vit-small.md")
     card.save(path)

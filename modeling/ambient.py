@@ -162,9 +162,7 @@ def busemann_nu(x: Tensor, ideal_axis: int) -> Tensor:
     return x[..., 0] - x[..., 1 + ideal_axis]
 
 
-def horoshift(
-    x: Tensor, t: Tensor | float, ideal_axis: int, shift_axis: int, k: Curvature = 1.0
-) -> Tensor:
+def horoshift(x: Tensor, t: Tensor | float, ideal_axis: int, shift_axis: int, k: Curvature = 1.0) -> Tensor:
     """Horospherical shift, Eq. 10 as written: ``x_2 += t nu``, ``x_0, x_1 += t x_2 + t^2 nu / 2``."""
     _sqrt_k(k)
     _check_axis(shift_axis, x.shape[-1] - 1, "shift_axis")
@@ -182,9 +180,7 @@ def horoshift(
     return out
 
 
-def tangent_from_polar(
-    r: Tensor, u: Tensor, xi_r: Tensor, xi_perp: Tensor, k: Curvature = 1.0
-) -> Tensor:
+def tangent_from_polar(r: Tensor, u: Tensor, xi_r: Tensor, xi_perp: Tensor, k: Curvature = 1.0) -> Tensor:
     """Ambient tangent vector ``xi_r e_r + (0, xi_perp)`` with ``e_r = (sinh a, cosh a u)`` (Eq. 13)."""
     sk = _sqrt_k(k)
     a = r / sk
@@ -246,6 +242,7 @@ def exp_origin(v: Tensor, k: Curvature = 1.0) -> Tensor:
     """``exp_o`` of the tangent vector with space part ``v`` (:func:`expmap` at the origin)."""
     xi = torch.cat([torch.zeros_like(v[..., :1]), v], dim=-1)
     return expmap(_origin(xi, k), xi, k)
+
 
 def beta_concat(x: Tensor, k: Curvature = 1.0) -> Tensor:
     """HNN++ beta-concatenation ``(..., H, d+1) -> (..., H d + 1)``:

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 from transformers.utils.generic import GeneralInterface
 
-from .fused_attention import fused_polar_attention, row_gradients
+from .cpu_kernels import first_order, transforms_active
+from .fused_attention import CentredValues, fused_polar_attention, row_gradients
 from .geometry import (
     asinhc_half,
     centroid,
@@ -102,7 +103,9 @@ class _ChunkedPolarAttention(torch.autograd.Function):
 
     a sum of non-negative terms, so ``S`` keeps full relative precision; the radius then follows
     Eq. 22.  Backward recomputes the scores block by block from the saved row statistics; ``S``
-    is stationary in ``u_hat``, so ``u_hat`` is held fixed in its derivative (envelope theorem).
+    is stationary in ``u_hat`` in exact arithmetic, and the derivative through ``u_hat`` that rounding
+    leaves is added from the centred value sums the forward accumulates
+    (:func:`fused_attention.stationarity_correction`).
     The softmax row constant ``sum_j p_ij dL/dp_ij`` is summed in a first pass from the same
     recomputed values the second pass uses (not formed analytically), so it cancels exactly where
     the true score gradient vanishes (e.g. identical keys) instead of leaving ``eps cosh(b)`` noise.
@@ -110,8 +113,18 @@ class _ChunkedPolarAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor,  # noqa: D102
-                scale: Tensor, k: float, block: int) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any,
+        rq: Tensor,
+        uq: Tensor,
+        rk: Tensor,
+        uk: Tensor,
+        rv: Tensor,
+        uv: Tensor,  # noqa: D102
+        scale: Tensor,
+        k: float,
+        block: int,
+    ) -> tuple[Tensor, Tensor]:
         sk = math.sqrt(k)
         a_q, a_k, b_v = rq / sk, rk / sk, rv / sk
         scale_v = scale.view(1, -1, 1, 1)
@@ -120,7 +133,8 @@ class _ChunkedPolarAttention(torch.autograd.Function):
         norm = torch.zeros_like(m)
         big_t, big_e, big_s = torch.zeros_like(m), torch.zeros_like(m), torch.zeros_like(m)
         big_v = uq.new_zeros(batch, heads, n_q, uv.shape[-1])
-        u_hat = torch.zeros_like(big_v)
+        u_hat, big_vc, big_w = torch.zeros_like(big_v), torch.zeros_like(big_v), torch.zeros_like(m)
+        v_bar = uv.mean(dim=2, keepdim=True)  # centre of the value sums and of the chord gradient (Eq. 25)
         sinh_b, cosh_b, exp_b = torch.sinh(b_v), torch.cosh(b_v), torch.exp(-b_v)
         for start in range(0, uk.shape[2], block):
             blk = slice(start, start + block)
@@ -135,24 +149,32 @@ class _ChunkedPolarAttention(torch.autograd.Function):
             big_e = big_e * alpha + (e * exp_b[:, :, None, blk]).sum(-1)
             v_old_norm = torch.linalg.vector_norm(big_v, dim=-1) * alpha
             big_v = big_v * alpha.unsqueeze(-1) + w @ uv[:, :, blk]
+            big_vc = big_vc * alpha.unsqueeze(-1) + w @ (uv[:, :, blk] - v_bar)
+            big_w = big_w * alpha + w.sum(-1)
             u_new = safe_normalize(big_v)
-            big_s = (big_s * alpha + v_old_norm * chord(u_hat, u_new)
-                     + (w * pairwise_chord(u_new, uv[:, :, blk])).sum(-1))
+            big_s = (
+                big_s * alpha + v_old_norm * chord(u_hat, u_new) + (w * pairwise_chord(u_new, uv[:, :, blk])).sum(-1)
+            )
             u_hat, m = u_new, m_new
         v_norm = torch.linalg.vector_norm(big_v, dim=-1)
         a_mu = centroid_radius(big_t, big_e, big_s, v_norm, v_norm <= 0)
         stats = torch.stack([m, norm, big_t / norm, big_e / norm, big_s / norm, v_norm / norm])
-        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, stats, a_mu, u_hat)
+        ctx.save_for_backward(
+            rq, uq, rk, uk, rv, uv, scale, stats, a_mu, u_hat, big_w / norm, big_vc / norm.unsqueeze(-1)
+        )
         ctx.k, ctx.block = k, block
         return sk * a_mu, u_hat
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, grad_r: Tensor, grad_u: Tensor) -> tuple:  # noqa: D102
-        rq, uq, rk, uk, rv, uv, scale, stats, a_mu, u_hat = ctx.saved_tensors
+        rq, uq, rk, uk, rv, uv, scale, stats, a_mu, u_hat, big_w, big_vc = ctx.saved_tensors
         k, block = ctx.k, ctx.block
         sk = math.sqrt(k)
         m, norm = stats[0], stats[1]
-        g_t, g_e, g_s, g_v, _ = row_gradients(grad_r, grad_u, stats, a_mu, u_hat, k)
+        v_bar = uv.mean(dim=2, keepdim=True)
+        values = CentredValues(big_w, big_vc, v_bar)
+        g_t, g_e, g_s, g_v, _ = row_gradients(grad_r, grad_u, stats, a_mu, u_hat, values, k)
         a_q, a_k, b_v = rq / sk, rk / sk, rv / sk
         scale_v = scale.view(1, -1, 1, 1)
         sinh_b, cosh_b, exp_b = torch.sinh(b_v), torch.cosh(b_v), torch.exp(-b_v)
@@ -172,40 +194,60 @@ class _ChunkedPolarAttention(torch.autograd.Function):
         blocks = [slice(start, start + block) for start in range(0, uk.shape[2], block)]
         # pass 1: the softmax row constant sum_j p_ij dL/dp_ij from the very values pass 2 uses
         row_dot = sum(((t[3] * t[9]).sum(-1) for t in map(tile, blocks)), torch.zeros_like(m))
-        grads = {name: torch.zeros_like(t) for name, t in (("a_q", a_q), ("uq", uq), ("a_k", a_k), ("uk", uk),
-                                                             ("b_v", b_v), ("uv", uv))}
+        grads = {
+            name: torch.zeros_like(t)
+            for name, t in (("a_q", a_q), ("uq", uq), ("a_k", a_k), ("uk", uk), ("b_v", b_v), ("uv", uv))
+        }
         g_scale = torch.zeros_like(scale)
         k_bar = uk.mean(dim=2, keepdim=True)  # centring of the chord gradient (Eq. 25)
-        v_bar = uv.mean(dim=2, keepdim=True)
         p_q, p_hat = uq - k_bar, u_hat - v_bar
         for blk in blocks:
             c, chord_qk, d2, p, chord_v, sb, cb, eb, gv_dot, g_p = tile(blk)
             g_score = p * (g_p - row_dot.unsqueeze(-1))
             g_scale -= (g_score * d2).sum(dim=(0, 2, 3))
             # values: radius and direction
-            grads["b_v"][:, :, blk] += (p * (g_t.unsqueeze(-1) * sb + gv_dot * cb
-                                             + g_e.unsqueeze(-1) * (cb * chord_v - eb))).sum(2)
+            grads["b_v"][:, :, blk] += (
+                p * (g_t.unsqueeze(-1) * sb + gv_dot * cb + g_e.unsqueeze(-1) * (cb * chord_v - eb))
+            ).sum(2)
             w_s = p * (g_s.unsqueeze(-1) * sb)
             vb = uv[:, :, blk]
             grads["uv"][:, :, blk] += (p * sb).transpose(-1, -2) @ g_v + (
-                (vb - v_bar) * w_s.sum(2).unsqueeze(-1) - w_s.transpose(-1, -2) @ p_hat)
+                (vb - v_bar) * w_s.sum(2).unsqueeze(-1) - w_s.transpose(-1, -2) @ p_hat
+            )
             # scores -> squared distances -> Eq. 5 (with the Eq. 25 chord gradient)
             g_c = -scale_v * g_score * (2.0 * k) * asinhc_half(c) / torch.sqrt(1.0 + 0.5 * c)
             a, b = a_q.unsqueeze(-1), a_k[:, :, None, blk]
             sinh_b_k = torch.sinh(b)
             grads["a_q"] += (g_c * (torch.sinh(a - b) + torch.cosh(a) * sinh_b_k * chord_qk)).sum(-1)
             grads["a_k"][:, :, blk] += (
-                g_c * (torch.sinh(b - a) + sinh_a.unsqueeze(-1) * torch.cosh(b) * chord_qk)).sum(2)
+                g_c * (torch.sinh(b - a) + sinh_a.unsqueeze(-1) * torch.cosh(b) * chord_qk)
+            ).sum(2)
             g_chord = g_c * sinh_a.unsqueeze(-1) * sinh_b_k
             q_k = uk[:, :, blk] - k_bar
             grads["uq"] += p_q * g_chord.sum(-1, keepdim=True) - g_chord @ q_k
             grads["uk"][:, :, blk] += q_k * g_chord.sum(2).unsqueeze(-1) - g_chord.transpose(-1, -2) @ p_q
-        return (grads["a_q"] / sk, grads["uq"], grads["a_k"] / sk, grads["uk"], grads["b_v"] / sk, grads["uv"],
-                g_scale, None, None)
+        return (
+            grads["a_q"] / sk,
+            grads["uq"],
+            grads["a_k"] / sk,
+            grads["uk"],
+            grads["b_v"] / sk,
+            grads["uv"],
+            g_scale,
+            None,
+            None,
+        )
 
 
 def chunked_polar_attention(
-    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Scale, k: float = 1.0,
+    rq: Tensor,
+    uq: Tensor,
+    rk: Tensor,
+    uk: Tensor,
+    rv: Tensor,
+    uv: Tensor,
+    scale: Scale,
+    k: float = 1.0,
     block: int = DEFAULT_BLOCK,
 ) -> tuple[Tensor, Tensor]:
     """Memory-efficient polar attention (``O(N * block)``), exact forward and recomputing backward."""
@@ -214,19 +256,27 @@ def chunked_polar_attention(
     return _ChunkedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale_h, float(k), int(block))
 
 
-def _eager(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, Tensor]:
+def _eager(
+    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float
+) -> tuple[Tensor, Tensor, Tensor]:
     return eager_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k)
 
 
-def _fused(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
+def _fused(
+    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float
+) -> tuple[Tensor, Tensor, None]:
     return (*fused_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k), None)
 
 
-def _chunked(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
+def _chunked(
+    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float
+) -> tuple[Tensor, Tensor, None]:
     return (*chunked_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k), None)
 
 
-def _triton(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float) -> tuple[Tensor, Tensor, None]:
+def _triton(
+    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale_h: Tensor, k: float
+) -> tuple[Tensor, Tensor, None]:
     return (*triton_polar_attention(rq, uq, rk, uk, rv, uv, scale_h, k), None)
 
 
@@ -254,9 +304,10 @@ def select_implementation(
     devices for sequences of at least ``chunked_min_tokens`` tokens (:class:`runtime.RuntimeOptions`; measured:
     ``benchmarks/attention.py``), and below that ``fallback`` (the strategy's single-block core: ``fused`` for
     :class:`manifold_ops.FusedPolarOps`, ``eager`` for the reference).  An explicit choice is kept, except that
-    probabilities always need eager.
+    probabilities always need eager, and so do ``torch.func`` transforms (the eager core is made of transformable
+    operators; the others are ``autograd.Function``s with hand-derived backward passes).
     """
-    if output_attentions:
+    if output_attentions or transforms_active():
         return "eager"
     if requested != "auto":
         return requested

@@ -33,23 +33,65 @@ POSITION_AXES = ((0, 1), (2, 3))
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Appendix D.3 (HexFormer sizes, CIFAR-100 / Tiny-ImageNet)
-    "tiny-cifar": dict(image_size=32, patch_size=4, num_hidden_layers=9, hidden_size=192,
-                       intermediate_size=384, num_attention_heads=12, position_embedding="learned"),
-    "base-cifar": dict(image_size=32, patch_size=4, num_hidden_layers=12, hidden_size=768,
-                       intermediate_size=3072, num_attention_heads=12, position_embedding="learned"),
+    "tiny-cifar": dict(
+        image_size=32,
+        patch_size=4,
+        num_hidden_layers=9,
+        hidden_size=192,
+        intermediate_size=384,
+        num_attention_heads=12,
+        position_embedding="learned",
+    ),
+    "base-cifar": dict(
+        image_size=32,
+        patch_size=4,
+        num_hidden_layers=12,
+        hidden_size=768,
+        intermediate_size=3072,
+        num_attention_heads=12,
+        position_embedding="learned",
+    ),
     # Appendix D.4 (ImageNet-1k)
-    "tiny": dict(image_size=224, patch_size=16, num_hidden_layers=9, hidden_size=192,
-                 intermediate_size=384, num_attention_heads=12, position_embedding="learned"),
-    "small": dict(image_size=224, patch_size=16, num_hidden_layers=12, hidden_size=384,
-                  intermediate_size=1536, num_attention_heads=6, position_embedding="sincos"),
+    "tiny": dict(
+        image_size=224,
+        patch_size=16,
+        num_hidden_layers=9,
+        hidden_size=192,
+        intermediate_size=384,
+        num_attention_heads=12,
+        position_embedding="learned",
+    ),
+    "small": dict(
+        image_size=224,
+        patch_size=16,
+        num_hidden_layers=12,
+        hidden_size=384,
+        intermediate_size=1536,
+        num_attention_heads=6,
+        position_embedding="sincos",
+    ),
     # Fashion-MNIST on a CPU budget (28 x 28, 16 patches; training/recipes/fashion-mnist.yaml)
-    "fashion-cpu": dict(image_size=28, patch_size=7, num_hidden_layers=4, hidden_size=64,
-                        intermediate_size=128, num_attention_heads=4, position_embedding="learned",
-                        num_labels=10),
+    "fashion-cpu": dict(
+        image_size=28,
+        patch_size=7,
+        num_hidden_layers=4,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        position_embedding="learned",
+        num_labels=10,
+    ),
     # CPU demo (scikit-learn digits upsampled to 32 x 32)
-    "demo": dict(image_size=32, patch_size=8, num_hidden_layers=2, hidden_size=48,
-                 intermediate_size=96, num_attention_heads=4, position_embedding="learned",
-                 num_labels=10),
+    "demo": dict(
+        image_size=32,
+        patch_size=8,
+        num_hidden_layers=2,
+        hidden_size=48,
+        intermediate_size=96,
+        num_attention_heads=4,
+        position_embedding="learned",
+        num_labels=10,
+    ),
 }
 
 
@@ -165,20 +207,29 @@ class PolarViTConfig(PreTrainedConfig):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
-        for name in ("image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers",
-                     "num_attention_heads", "intermediate_size"):
+        for name in (
+            "image_size",
+            "patch_size",
+            "num_channels",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+        ):
             positive_int(name)
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
-                f"hidden_size={self.hidden_size} must be divisible by num_attention_heads="
-                f"{self.num_attention_heads}"
+                f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}"
             )
         reserved = 2 * len(POSITION_AXES)
         if self.relative_position != "none" and self.head_dim < reserved:
-            why = ("the Wigner blocks D^0 and D^1 of SO(3)-RoPE" if self.relative_position == "so3" else
-                   "two axis pairs for the 2-D patch grid")
+            why = (
+                "the Wigner blocks D^0 and D^1 of SO(3)-RoPE"
+                if self.relative_position == "so3"
+                else "two axis pairs for the 2-D patch grid"
+            )
             raise ValueError(
                 f"hidden_size / num_attention_heads = {self.head_dim} is too small for "
                 f"relative_position={self.relative_position!r}: every head reserves {reserved} space axes "
@@ -219,23 +270,51 @@ class PolarViTConfig(PreTrainedConfig):
         self.validate_domain()
 
     @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """``PreTrainedConfig.from_dict``, validated after its ``kwargs`` are applied (the path of
+        ``from_pretrained(folder, residual=...)`` for configs and models): a ``ValueError`` naming the field."""
+        result = super().from_dict(config_dict, **kwargs)
+        (result[0] if isinstance(result, tuple) else result).validate_polar_vit()
+        return result
+
+    def update(self, config_dict: dict[str, Any]) -> None:
+        """``PreTrainedConfig.update``, validated once every field is set."""
+        super().update(config_dict)
+        self.validate_polar_vit()
+
+    def update_from_string(self, update_str: str) -> None:
+        """``PreTrainedConfig.update_from_string``, validated once every field is set."""
+        super().update_from_string(update_str)
+        self.validate_polar_vit()
+
+    @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> PolarViTConfig:
         """A preset of DESIGN.md / Appendix D (``tiny-cifar``, ``base-cifar``, ``tiny``, ``small``) or a CPU one
         (``demo``, ``fashion-cpu``)."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-        kwargs = copy.deepcopy(PRESETS[name])
-        kwargs.update(overrides)
-        return cls(**kwargs)
+        return cls(**preset_kwargs(PRESETS, name, overrides))
 
 
 SPHERICAL_PRESETS: dict[str, dict[str, Any]] = {
     # spherical digits / Fashion-MNIST on a CPU budget (benchmarks/spherical.py): 2562 vertices, 60 tokens
-    "sphere-cpu": dict(icosphere_level=4, patch_level=0, num_hidden_layers=4, hidden_size=64, intermediate_size=128,
-                       num_attention_heads=4, num_channels=1, num_labels=10),
+    "sphere-cpu": dict(
+        icosphere_level=4,
+        patch_level=0,
+        num_hidden_layers=4,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_channels=1,
+        num_labels=10,
+    ),
     # SO(3)-RoPE's own tokenisation: level-2 patches (320 faces, 960 tokens) of a level-5 icosphere
-    "sphere-small": dict(icosphere_level=5, patch_level=2, num_hidden_layers=12, hidden_size=384,
-                         intermediate_size=1536, num_attention_heads=6),
+    "sphere-small": dict(
+        icosphere_level=5,
+        patch_level=2,
+        num_hidden_layers=12,
+        hidden_size=384,
+        intermediate_size=1536,
+        num_attention_heads=6,
+    ),
 }
 
 
@@ -299,9 +378,19 @@ class PolarViTSphericalConfig(PolarViTConfig):
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> PolarViTSphericalConfig:
         """A spherical preset (``sphere-cpu``, ``sphere-small``)."""
-        if name not in SPHERICAL_PRESETS:
-            raise ValueError(f"unknown spherical preset {name!r}; choose one of {sorted(SPHERICAL_PRESETS)}")
-        return cls(**{**copy.deepcopy(SPHERICAL_PRESETS[name]), **overrides})
+        return cls(**preset_kwargs(SPHERICAL_PRESETS, name, overrides))
+
+
+def preset_kwargs(presets: dict[str, dict[str, Any]], name: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The preset ``name`` updated by ``overrides``; a label map (``id2label`` / ``label2id``) replaces the preset's
+    ``num_labels`` rather than contradicting it."""
+    if name not in presets:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(presets)}")
+    kwargs = copy.deepcopy(presets[name])
+    if "id2label" in overrides or "label2id" in overrides:
+        kwargs.pop("num_labels", None)
+    kwargs.update(overrides)
+    return kwargs
 
 
 AUTO_MAP = {
@@ -332,5 +421,12 @@ def complete_auto_map(save_directory: str | os.PathLike, entries: dict[str, str]
         handle.write("\n")
 
 
-__all__ = ["AUTO_MAP", "PRESETS", "SPHERICAL_AUTO_MAP", "SPHERICAL_PRESETS", "PolarViTConfig",
-           "PolarViTSphericalConfig", "complete_auto_map"]
+__all__ = [
+    "AUTO_MAP",
+    "PRESETS",
+    "SPHERICAL_AUTO_MAP",
+    "SPHERICAL_PRESETS",
+    "PolarViTConfig",
+    "PolarViTSphericalConfig",
+    "complete_auto_map",
+]

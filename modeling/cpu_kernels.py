@@ -25,9 +25,33 @@ from torch import Tensor
 
 from .runtime import runtime_options, set_runtime_options
 
-__all__ = ["RecomputedFunction", "bound", "clear_compiled", "compiled_functions", "cpu_kernels_enabled", "kernel",
-           "rebuild_record", "recomputed", "record_layout", "record_leaves", "run_maybe_compiled", "set_cpu_kernels",
-           "training", "use_kernels"]
+__all__ = [
+    "DOUBLE_BACKWARD_MESSAGE",
+    "RecomputedFunction",
+    "bound",
+    "clear_compiled",
+    "compiled_functions",
+    "cpu_kernels_enabled",
+    "first_order",
+    "kernel",
+    "rebuild_record",
+    "recomputed",
+    "record_layout",
+    "record_leaves",
+    "recompute_vjp",
+    "run_maybe_compiled",
+    "saved_tensor_hooks_active",
+    "set_cpu_kernels",
+    "training",
+    "transforms_active",
+    "use_kernels",
+]
+
+DOUBLE_BACKWARD_MESSAGE = (
+    "double backward (create_graph=True, then a backward through the gradient) is not supported by the fused "
+    "layers, whose backward passes are hand-derived; build the model with fused_ops=False (the reference layers, "
+    "differentiated by autograd to any order)"
+)
 
 _COMPILED: dict[Callable, Callable] = {}  # function -> its compiled kernel (or itself after a compiler failure)
 
@@ -42,14 +66,53 @@ def cpu_kernels_enabled() -> bool:
     return runtime_options().cpu_kernels
 
 
+def transforms_active() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ...) is running this call."""
+    return bool(torch._C._are_functorch_transforms_active())
+
+
+def saved_tensor_hooks_active() -> bool:
+    """Whether saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``, ``save_on_cpu``) are in force."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+def first_order(backward: Callable) -> Callable:
+    """Decorator for a hand-derived ``backward``: it runs without recording a graph, and where autograd asked for
+    one (``create_graph=True``) its gradients carry a node that raises :data:`DOUBLE_BACKWARD_MESSAGE` if they are
+    differentiated again (``torch.autograd.function.once_differentiable`` with this project's message, also where
+    only the saved tensors require grad)."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx: Any, *grads: Tensor) -> Any:
+        with torch.no_grad():
+            gradients = backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return gradients
+        values = gradients if isinstance(gradients, tuple) else (gradients,)
+        refuse = torch._C._functions.DelayedError(DOUBLE_BACKWARD_MESSAGE.encode(), len(values))
+        flagged = refuse(*[v.detach().requires_grad_() if isinstance(v, Tensor) else v for v in values])
+        flagged = flagged if isinstance(flagged, tuple) else (flagged,)
+        return flagged if isinstance(gradients, tuple) else flagged[0]
+
+    return wrapper
+
+
 def use_kernels(like: Tensor, training: bool, elements: int | None = None) -> bool:
     """Compiled kernels for a call: training (backward will run), float32 on the CPU, at least
     ``kernel_min_elements`` elements in the call's largest tensors (``like``, or ``elements`` where those are
-    temporaries, as the attention's pairs), not inside ``torch.compile``."""
+    temporaries, as the attention's pairs), not inside ``torch.compile``, and no saved-tensor hooks in force
+    (their packing runs in Python, between eager operations)."""
     options = runtime_options()
     size = like.numel() if elements is None else elements
-    return (options.cpu_kernels and training and like.device.type == "cpu" and like.dtype == torch.float32
-            and size >= options.kernel_min_elements and not torch.compiler.is_compiling())
+    return (
+        options.cpu_kernels
+        and training
+        and like.device.type == "cpu"
+        and like.dtype == torch.float32
+        and size >= options.kernel_min_elements
+        and not torch.compiler.is_compiling()
+        and not saved_tensor_hooks_active()
+    )
 
 
 def kernel(fn: Callable) -> Callable:
@@ -63,8 +126,11 @@ def kernel(fn: Callable) -> Callable:
             try:
                 return _COMPILED[fn](*args)
             except Exception as error:  # noqa: BLE001 - a compiler failure falls back to the same formulas
-                warnings.warn(f"polar_vit_hf: compiled CPU kernels unavailable ({type(error).__name__}: "
-                              f"{str(error)[:200]}); running eager", stacklevel=2)
+                warnings.warn(
+                    f"polar_vit_hf: compiled CPU kernels unavailable ({type(error).__name__}: "
+                    f"{str(error)[:200]}); running eager",
+                    stacklevel=2,
+                )
                 _COMPILED[fn] = fn
         return fn(*args)
 
@@ -91,9 +157,31 @@ def run_maybe_compiled(fn: Callable, is_training: bool, like: Tensor, *args: Any
     return kernel(fn)(*args) if use_kernels(like, is_training, elements) else fn(*args)
 
 
+def recompute_vjp(fn: Callable, primals: tuple[Tensor, ...], cotangents: Any) -> tuple[Any, tuple]:
+    """``(fn(*primals), the vector-Jacobian product of fn at primals with cotangents)``: a recomputation and its
+    gradients for a backward pass.
+
+    By ``torch.func.vjp`` (a pure function, which the compiled kernels trace), or, under saved-tensor hooks (which
+    ``torch.func`` refuses), by autograd on the same recomputation, whose saved tensors then go through the hooks.
+    """
+    if not saved_tensor_hooks_active() or torch.compiler.is_compiling():
+        outputs, pullback = torch.func.vjp(fn, *primals)[:2]
+        return outputs, pullback(cotangents)
+    with torch.enable_grad():
+        leaves = tuple(t.detach().requires_grad_() for t in primals)
+        outputs = fn(*leaves)
+        flat_outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        flat_cotangents = cotangents if isinstance(cotangents, tuple) else (cotangents,)
+        gradients = torch.autograd.grad(
+            flat_outputs, leaves, flat_cotangents, allow_unused=True, materialize_grads=True
+        )
+    detached = tuple(t.detach() for t in flat_outputs)
+    return (detached if isinstance(outputs, tuple) else detached[0]), gradients
+
+
 class RecomputedFunction(torch.autograd.Function):
     """``fn(*tensors, *constants)``, a pure function of its tensors with one output, saving only its inputs:
-    forward runs it, backward recomputes it and differentiates it with ``torch.func.vjp``; each a compiled kernel
+    forward runs it, backward recomputes it and differentiates it (:func:`recompute_vjp`); each a compiled kernel
     when training in float32 on the CPU (:func:`use_kernels`), so neither keeps an autograd graph of its
     intermediates."""
 
@@ -104,6 +192,7 @@ class RecomputedFunction(torch.autograd.Function):
         return run_maybe_compiled(bound(fn, constants), is_training, tensors[0], *tensors)
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         tensors = ctx.saved_tensors
         gradients = run_maybe_compiled(_vjp(ctx.fn, ctx.constants), True, tensors[0], grad.contiguous(), *tensors)
@@ -119,9 +208,9 @@ def bound(fn: Callable, constants: tuple) -> Callable:
 
 @functools.cache
 def _vjp(fn: Callable, constants: tuple) -> Callable:
-    """``(grad, *tensors) -> gradients of fn(*tensors, *constants)`` by ``torch.func.vjp`` (one function object per
-    pair: one compiled kernel)."""
-    return lambda grad, *tensors: torch.func.vjp(lambda *args: fn(*args, *constants), *tensors)[1](grad)
+    """``(grad, *tensors) -> gradients of fn(*tensors, *constants)`` by :func:`recompute_vjp` (one function object
+    per pair: one compiled kernel)."""
+    return lambda grad, *tensors: recompute_vjp(bound(fn, constants), tensors, grad)[1]
 
 
 def record_leaves(record: Any) -> list[Tensor | None]:

@@ -18,15 +18,24 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .cpu_kernels import run_maybe_compiled, training
+from .cpu_kernels import first_order, run_maybe_compiled, training
 from .geometry import centroid_radius
 from .runtime import runtime_options
 from .stable_math import distance_slope, safe_normalize, sinh_cosh
 
 CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
 
-__all__ = ["CHORD_PRODUCT_ABOVE", "FusedPolarAttention", "centroid_row_gradients", "chord_operands",
-           "fused_polar_attention", "pair_chords", "row_gradients"]
+__all__ = [
+    "CHORD_PRODUCT_ABOVE",
+    "FusedPolarAttention",
+    "CentredValues",
+    "centroid_row_gradients",
+    "chord_operands",
+    "fused_polar_attention",
+    "pair_chords",
+    "row_gradients",
+    "stationarity_correction",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,8 +138,9 @@ def scaled_distances(chord: Tensor, rows: GroupRows) -> PairDistances:
     (:func:`stable_math.asinh_nonneg`, spelled with ``addcdiv``) and ``w = sqrt(4 k scale) asinh s`` (Eq. 9)."""
     diff = rows.a.unsqueeze(-1) - rows.b.unsqueeze(-2)
     t = torch.expm1(diff.abs())
-    s_sq = torch.addcdiv(chord * (0.5 * rows.sinh_b).unsqueeze(-2) * rows.sinh_a.unsqueeze(-1), t * t, 1.0 + t,
-                         value=0.25)
+    s_sq = torch.addcdiv(
+        chord * (0.5 * rows.sinh_b).unsqueeze(-2) * rows.sinh_a.unsqueeze(-1), t * t, 1.0 + t, value=0.25
+    )
     root = torch.sqrt(1.0 + s_sq)
     asinh_s = torch.log1p(torch.addcdiv(torch.sqrt(s_sq), s_sq, 1.0 + root))
     return PairDistances(asinh_s * rows.root_coef, asinh_s, s_sq, root, t, diff)
@@ -139,16 +149,24 @@ def scaled_distances(chord: Tensor, rows: GroupRows) -> PairDistances:
 def value_operand(rows: GroupRows) -> Tensor:
     """``[cosh beta, e^{-beta}, sinh beta v]`` ``(G, M, d+2)``: the operand of the centroid sums (Eq. 22), built
     inside the group's function (a compiled kernel: no pass of its own)."""
-    return torch.cat([rows.cosh_beta.unsqueeze(-1), rows.exp_beta.unsqueeze(-1),
-                      rows.uv * rows.sinh_beta.unsqueeze(-1)], dim=-1)
+    return torch.cat(
+        [rows.cosh_beta.unsqueeze(-1), rows.exp_beta.unsqueeze(-1), rows.uv * rows.sinh_beta.unsqueeze(-1)], dim=-1
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # the centroid's row gradients (Eq. 22), shared with the chunked and Triton cores
 # --------------------------------------------------------------------------------------------
 def centroid_row_gradients(
-    grad_r: Tensor, grad_u: Tensor, big_t: Tensor, big_e: Tensor, big_s: Tensor, v_norm: Tensor, a_mu: Tensor,
-    u_hat: Tensor, k: float,
+    grad_r: Tensor,
+    grad_u: Tensor,
+    big_t: Tensor,
+    big_e: Tensor,
+    big_s: Tensor,
+    v_norm: Tensor,
+    a_mu: Tensor,
+    u_hat: Tensor,
+    k: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backward of the centroid radius (Eq. 22) to the sums ``T, E, S`` (``g_S = g_E``) and the vector ``V``.
 
@@ -168,15 +186,47 @@ def centroid_row_gradients(
     return g_t, g_e, g_v, row_dot
 
 
-def row_gradients(grad_r: Tensor, grad_u: Tensor, stats: Tensor, a_mu: Tensor, u_hat: Tensor, k: float,
-                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+class CentredValues(NamedTuple):
+    """Per row, softmax-normalised: ``W = sum_j p_ij sinh b_j`` and ``sum_j p_ij sinh b_j (v_j - v_bar)``, with the
+    centre ``v_bar`` (the mean value direction) they were summed about."""
+
+    weight: Tensor
+    centred: Tensor
+    v_bar: Tensor
+
+
+def stationarity_correction(g_v: Tensor, g_e: Tensor, u_hat: Tensor, v_norm: Tensor, values: CentredValues) -> Tensor:
+    """``g_V`` plus the derivative of ``S`` (Eq. 22) through ``u_hat = V / ||V||``.
+
+    ``S = sum_j w_ij 1/2 ||v_j - u_hat||^2`` (``w_ij = p_ij sinh b_j``) is stationary in ``u_hat`` in exact
+    arithmetic only: ``dS/du_hat = W (u_hat - v_bar) - sum_j w_ij (v_j - v_bar)`` measures the rounding of
+    ``u_hat``.  Carried back through ``u_hat`` (the tangential projection over ``||V||``) it cancels that rounding
+    in ``dL/dv_j``, where ``g_S w_ij (v_j - u_hat)`` carries it with the factor ``g_S``, which grows without bound
+    as ``E + S -> 0`` (clustered values far out).  Centred differences (Eq. 25) keep it exact for clustered values.
+    """
+    drift = g_e.unsqueeze(-1) * (values.weight.unsqueeze(-1) * (u_hat - values.v_bar) - values.centred)
+    drift = drift - (drift * u_hat).sum(-1, keepdim=True) * u_hat
+    return g_v + drift / torch.where(v_norm > 0, v_norm, 1.0).unsqueeze(-1)
+
+
+def row_gradients(
+    grad_r: Tensor,
+    grad_u: Tensor,
+    stats: Tensor,
+    a_mu: Tensor,
+    u_hat: Tensor,
+    values: CentredValues,
+    k: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Per-row partials of an attention output with respect to its softmax-normalised sums (chunked, Triton).
 
     ``stats`` holds ``(m, l, T, E, S, ||V||)`` per row (sums divided by the softmax denominator ``l``); returns
-    ``(g_T, g_E, g_S, g_V, sum_j p_ij g_p_ij)`` from :func:`centroid_row_gradients` (``g_S = g_E``).
+    ``(g_T, g_E, g_S, g_V, sum_j p_ij g_p_ij)`` from :func:`centroid_row_gradients` (``g_S = g_E``), ``g_V`` with
+    :func:`stationarity_correction` (orthogonal to ``V``: the row constant is unchanged).
     """
     _, _, big_t, big_e, big_s, v_norm = stats
     g_t, g_e, g_v, row_dot = centroid_row_gradients(grad_r, grad_u, big_t, big_e, big_s, v_norm, a_mu, u_hat, k)
+    g_v = stationarity_correction(g_v, g_e, u_hat, v_norm, values)
     return g_t, g_e, g_e, g_v, row_dot
 
 
@@ -205,30 +255,30 @@ def _centre(u: Tensor) -> Tensor:
     return u.double().mean(dim=-2, keepdim=True).to(u.dtype) if u.dtype != torch.float64 else u.mean(-2, keepdim=True)
 
 
-def _attention_group_backward(rows: GroupRows, saved: RowStatistics, grad_r: Tensor, grad_u: Tensor, k: float,
-                              ) -> tuple[Tensor, ...]:
+def _attention_group_backward(
+    rows: GroupRows,
+    saved: RowStatistics,
+    grad_r: Tensor,
+    grad_u: Tensor,
+    k: float,
+) -> tuple[Tensor, ...]:
     """Backward of :class:`FusedPolarAttention` on one group (formulas in its docstring): gradients of ``(rq, uq,
     rk, uk, rv, uv)`` and the per-slice scale gradient (all ``(G, ...)``)."""
     uq, uk, uv, u_hat, v_norm = rows.uq, rows.uk, rows.uv, saved.u_hat, saved.v_norm
     sinh_a, sinh_b, sinh_beta = rows.sinh_a, rows.sinh_b, rows.sinh_beta.unsqueeze(-1)
     values = value_operand(rows)
-    g_t, g_e, g_v, _ = centroid_row_gradients(grad_r, grad_u, saved.big_t, saved.big_e, saved.big_s, v_norm,
-                                              saved.a_mu, u_hat, k)
+    g_t, g_e, g_v, _ = centroid_row_gradients(
+        grad_r, grad_u, saved.big_t, saved.big_e, saved.big_s, v_norm, saved.a_mu, u_hat, k
+    )
     # recompute Eq. 5 and the probabilities from the saved log-sum-exp
     chord = pair_chords(uq, rows.uk_t)
     d = scaled_distances(chord, rows)
     probs = torch.exp(-saved.lse.unsqueeze(-1) - d.w.square())
     sinh_x = torch.addcdiv(0.5 * d.t, 0.5 * d.t, 1.0 + d.t).copysign_(d.diff)  # sinh(a_i - b_j)
-    # S is stationary in u_hat only in exact arithmetic:
-    # dS/du_hat = g_S (W (u_hat - v_bar) - sum_j w_ij (v_j - v_bar)), w_ij = P_ij sinh beta_j, W = sum_j w_ij,
-    # measures the rounding of u_hat; carried through u_hat = V / |V| it cancels that rounding in dL/dv (centred
-    # differences, Eq. 25, keep it exact for clustered values)
     v_bar = _centre(uv)
     centred_v = uv - v_bar
     sums = probs @ torch.cat([sinh_beta, sinh_beta * centred_v], dim=-1)
-    drift = g_e.unsqueeze(-1) * (sums[..., :1] * (u_hat - v_bar) - sums[..., 1:])
-    drift = drift - (drift * u_hat).sum(-1, keepdim=True) * u_hat
-    g_v = g_v + drift / torch.where(v_norm > 0, v_norm, 1.0).unsqueeze(-1)
+    g_v = stationarity_correction(g_v, g_e, u_hat, v_norm, CentredValues(sums[..., 0], sums[..., 1:], v_bar))
     # dL/dP = g_T cosh beta_j + g_E e^{-beta_j} + sinh beta_j (g_V . v_j + g_S chord(u_i, v_j))
     chord_e = pair_chords(u_hat, rows.uv_t).mul_(g_e.unsqueeze(-1))  # g_S chord(u_i, v_j)
     chord_terms = (chord_e * probs).sum(-2)  # sum_i P_ij g_S chord
@@ -236,9 +286,12 @@ def _attention_group_backward(rows: GroupRows, saved: RowStatistics, grad_r: Ten
     g_p = torch.baddbmm(chord_e.mul_(sinh_beta.transpose(-1, -2)), g_rows, values.transpose(-1, -2))
     # values: radius and direction (the value chord gradient centred on the mean value direction, Eq. 25)
     pt_g = probs.transpose(-1, -2) @ torch.cat([g_rows, g_e.unsqueeze(-1) * (u_hat - v_bar)], dim=-1)
-    pt_gv, pt_gs = pt_g[..., 2:2 + uv.shape[-1]], pt_g[..., 2 + uv.shape[-1]:]
-    g_beta = (sinh_beta.squeeze(-1) * pt_g[..., 0] - rows.exp_beta * pt_g[..., 1]
-              + rows.cosh_beta * ((uv * pt_gv).sum(-1) + chord_terms))
+    pt_gv, pt_gs = pt_g[..., 2 : 2 + uv.shape[-1]], pt_g[..., 2 + uv.shape[-1] :]
+    g_beta = (
+        sinh_beta.squeeze(-1) * pt_g[..., 0]
+        - rows.exp_beta * pt_g[..., 1]
+        + rows.cosh_beta * ((uv * pt_gv).sum(-1) + chord_terms)
+    )
     g_uv = sinh_beta * (pt_gv - pt_gs + centred_v * pt_g[..., 1:2])
     # softmax, scores and the scale: score = -scale k D^2, D^2 = 4 asinh(s)^2
     g_score = (g_p - (probs * g_p).sum(-1, keepdim=True)).mul_(probs)
@@ -258,8 +311,15 @@ def _attention_group_backward(rows: GroupRows, saved: RowStatistics, grad_r: Ten
     g_uk = sinh_b.unsqueeze(-1) * (q_k * by_query[..., :1] - by_query[..., 1:])
     c_coef = rows.scale.view(-1, 1) * -k  # dL/dc = -scale k g_c
     sk = math.sqrt(k)
-    return (g_a * (c_coef / sk), g_uq * c_coef.unsqueeze(-1), g_b * (c_coef / sk), g_uk * c_coef.unsqueeze(-1),
-            g_beta / sk, g_uv, g_scale)
+    return (
+        g_a * (c_coef / sk),
+        g_uq * c_coef.unsqueeze(-1),
+        g_b * (c_coef / sk),
+        g_uk * c_coef.unsqueeze(-1),
+        g_beta / sk,
+        g_uv,
+        g_scale,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,8 +338,9 @@ class AttentionRows:
     ``rows[group]`` is a :class:`GroupRows` of ``G = g H`` contiguous slices (strided inputs copied per group, in
     cache)."""
 
-    def __init__(self, rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor,
-                 k: float) -> None:
+    def __init__(
+        self, rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor, k: float
+    ) -> None:
         batch, heads = uq.shape[:2]
         sk = math.sqrt(k)
         self.uq, self.uk, self.uv = uq, uk, uv
@@ -294,10 +355,25 @@ class AttentionRows:
     def __getitem__(self, group: slice) -> GroupRows:
         take = lambda t: t[group].flatten(0, 1)  # noqa: E731 - one slicing rule for every field
         uk, uv = take(self.uk), take(self.uv)
-        return GroupRows(take(self.uq), uk, uv, take(self.a), take(self.b), take(self.beta), take(self.sinh_a),
-                         take(self.cosh_a), take(self.sinh_b), take(self.cosh_b), take(self.sinh_beta),
-                         take(self.cosh_beta), take(self.exp_beta), take(self.scale), take(self.root_coef),
-                         uk.transpose(-1, -2).contiguous(), uv.transpose(-1, -2).contiguous())
+        return GroupRows(
+            take(self.uq),
+            uk,
+            uv,
+            take(self.a),
+            take(self.b),
+            take(self.beta),
+            take(self.sinh_a),
+            take(self.cosh_a),
+            take(self.sinh_b),
+            take(self.cosh_b),
+            take(self.sinh_beta),
+            take(self.cosh_beta),
+            take(self.exp_beta),
+            take(self.scale),
+            take(self.root_coef),
+            uk.transpose(-1, -2).contiguous(),
+            uv.transpose(-1, -2).contiguous(),
+        )
 
 
 class FusedPolarAttention(torch.autograd.Function):
@@ -324,13 +400,25 @@ class FusedPolarAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor,  # noqa: D102
-                scale: Tensor, k: float, is_training: bool) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any,
+        rq: Tensor,
+        uq: Tensor,
+        rk: Tensor,
+        uk: Tensor,
+        rv: Tensor,
+        uv: Tensor,  # noqa: D102
+        scale: Tensor,
+        k: float,
+        is_training: bool,
+    ) -> tuple[Tensor, Tensor]:
         batch, heads, n_q, _ = uq.shape
         rows = AttentionRows(rq, uq, rk, uk, rv, uv, scale, k)
         pairs = batch * heads * n_q * uk.shape[2]
-        parts = [run_maybe_compiled(_attention_group_forward, is_training, uq, rows[group], elements=pairs)
-                 for group in _batch_groups(batch, heads * n_q * uk.shape[2])]
+        parts = [
+            run_maybe_compiled(_attention_group_forward, is_training, uq, rows[group], elements=pairs)
+            for group in _batch_groups(batch, heads * n_q * uk.shape[2])
+        ]
         lse, sums, v_norm, u_hat, big_s = (torch.cat(part) for part in zip(*parts))  # (B H, N, ...)
         big_t, big_e = sums[..., 0], sums[..., 1]
         a_mu = centroid_radius(big_t, big_e, big_s, v_norm, v_norm <= 0)
@@ -339,6 +427,7 @@ class FusedPolarAttention(torch.autograd.Function):
         return (math.sqrt(k) * a_mu).view_as(rq), u_hat.view_as(uq)
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, grad_r: Tensor, grad_u: Tensor) -> tuple:  # noqa: D102
         rq, uq, rk, uk, rv, uv, scale, *statistics = ctx.saved_tensors
         saved = RowStatistics(*statistics)
@@ -347,17 +436,27 @@ class FusedPolarAttention(torch.autograd.Function):
         parts = []
         for group in _batch_groups(batch, heads * n_q * uk.shape[2]):
             slots = slice(group.start * heads, group.stop * heads)
-            parts.append(run_maybe_compiled(_attention_group_backward, True, uq, rows[group],
-                                            RowStatistics(*(value[slots] for value in saved)),
-                                            grad_r[group].flatten(0, 1), grad_u[group].flatten(0, 1), ctx.k,
-                                            elements=batch * heads * n_q * uk.shape[2]))
+            parts.append(
+                run_maybe_compiled(
+                    _attention_group_backward,
+                    True,
+                    uq,
+                    rows[group],
+                    RowStatistics(*(value[slots] for value in saved)),
+                    grad_r[group].flatten(0, 1),
+                    grad_u[group].flatten(0, 1),
+                    ctx.k,
+                    elements=batch * heads * n_q * uk.shape[2],
+                )
+            )
         grads = [torch.cat(part) for part in zip(*parts)]
         shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
         return (*shaped, grads[-1].view(batch, heads).sum(0), None, None)
 
 
-def fused_polar_attention(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor,
-                          k: float = 1.0) -> tuple[Tensor, Tensor]:
+def fused_polar_attention(
+    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor, k: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """Polar attention (Eq. 9) in one fused function (:class:`FusedPolarAttention`); ``scale`` is an ``(H,)``
     tensor."""
     return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k), training(rq, uq, rk, uk, rv, uv, scale))

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .cpu_kernels import rebuild_record, record_layout, record_leaves, run_maybe_compiled, training
+from .cpu_kernels import first_order, rebuild_record, record_layout, record_leaves, run_maybe_compiled, training
 from .fused_attention import centroid_row_gradients
 from .geometry import centroid_radius
 from .stable_math import asinh_nonneg, asinh_sqrt_half, cosh_minus_one, distance_slope, safe_normalize, sinh_cosh
@@ -105,8 +105,12 @@ def gyroadd_z(a: Tensor, u1: Tensor, b: Tensor, v: Tensor) -> tuple[Tensor, Gyro
     return z, GyroaddParts(scalars, d, v_perp)
 
 
-def gyroadd_vectors(u1: Tensor, v: Tensor, scalars: GyroaddScalars, d: Tensor | None = None,
-                    ) -> tuple[Tensor, Tensor, Tensor]:
+def gyroadd_vectors(
+    u1: Tensor,
+    v: Tensor,
+    scalars: GyroaddScalars,
+    d: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(d, v_perp, z)`` of :func:`gyroadd_z` from its per-token scalars (``d`` rebuilt when not given)."""
     d = torch.addcmul(v, scalars.sign.unsqueeze(-1), u1, value=-1.0) if d is None else d
     v_perp = torch.addcmul(d, (scalars.sign * scalars.h).unsqueeze(-1), u1)
@@ -201,8 +205,13 @@ class GyroNormWide(NamedTuple):
     far_parts: GyroaddParts | None
 
 
-def gyro_norm_forward(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float,
-                      ) -> tuple[Tensor, GyroNormScalars, GyroNormWide]:
+def gyro_norm_forward(
+    p: Tensor,
+    log_gain: Tensor,
+    bias: Tensor,
+    k: float,
+    eps: float,
+) -> tuple[Tensor, GyroNormScalars, GyroNormWide]:
     """The gyro layer norm of ``p (B, N, n+1)`` over its tokens and the intermediates of its backward."""
     sk = math.sqrt(k)
     u = p[..., 1:]
@@ -260,14 +269,43 @@ def gyro_norm_forward(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: 
     assert z2 is not None  # one branch always runs
     r_out, u_out, norm2 = polar_from_z(z2, sk)
     out = torch.cat([r_out.unsqueeze(-1), u_out], dim=-1)
-    scalars = GyroNormScalars(a, sinh_a, cosh_a, exp_a, big_t, big_e, big_s, v_norm, u_hat, chord, a_m, sinh_m, cosh_m,
-                              c, sinh_x, asinh_s, root, variance, centring.scalars, r_y, norm1, factor, b, big_x, x_sq,
-                              near, near_bias, far_bias, norm2)
+    scalars = GyroNormScalars(
+        a,
+        sinh_a,
+        cosh_a,
+        exp_a,
+        big_t,
+        big_e,
+        big_s,
+        v_norm,
+        u_hat,
+        chord,
+        a_m,
+        sinh_m,
+        cosh_m,
+        c,
+        sinh_x,
+        asinh_s,
+        root,
+        variance,
+        centring.scalars,
+        r_y,
+        norm1,
+        factor,
+        b,
+        big_x,
+        x_sq,
+        near,
+        near_bias,
+        far_bias,
+        norm2,
+    )
     return out, scalars, GyroNormWide(u, diff, centring, u_y, u_out, far_parts)
 
 
-def gyro_norm_backward(grad: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float, st: GyroNormScalars,
-                       wide: GyroNormWide) -> tuple[Tensor, Tensor, Tensor]:
+def gyro_norm_backward(
+    grad: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float, st: GyroNormScalars, wide: GyroNormWide
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(dL/dp, dL/dlog_gain, dL/dbias)`` from the intermediates of :func:`gyro_norm_forward`."""
     sk = math.sqrt(k)
     tokens = st.a.shape[-1]
@@ -296,7 +334,8 @@ def gyro_norm_backward(grad: Tensor, log_gain: Tensor, bias: Tensor, k: float, e
         g_a_bias, g_u_bias, g_b_far, g_u_far = gyroadd_backward(g_z, u_bias, wide.far_parts)
         g_a_bias = g_a_bias.sum()
         g_far_x = (g_a_bias / torch.sqrt(1.0 + far_norm**2)) * u_bias + (
-            g_u_bias - (g_u_bias @ u_bias) * u_bias) / far_norm
+            g_u_bias - (g_u_bias @ u_bias) * u_bias
+        ) / far_norm
         g_b, g_u_y = g_b + g_b_far, g_u_y + g_u_far
         g_bias = g_bias + (torch.where(near, 0.0, g_far_x) if both else g_far_x) / sk
     # radius scaling r_y -> factor r_y, factor = e^{log_gain} / sqrt(variance + eps)
@@ -320,11 +359,20 @@ def gyro_norm_backward(grad: Tensor, log_gain: Tensor, bias: Tensor, k: float, e
     g_chord = g_c * sinh_a * st.sinh_m.unsqueeze(-1)
     g_u_hat = g_u_hat - (g_chord.unsqueeze(-2) @ wide.diff).squeeze(-2)
     # centroid (Eq. 22): T, E, S with weights 1/N; S is stationary in u_hat
-    g_t, g_e, g_v, _ = centroid_row_gradients(g_a_m / sk, g_u_hat, st.big_t, st.big_e, st.big_s, st.v_norm, st.a_m,
-                                              u_hat, k)
+    g_t, g_e, g_v, _ = centroid_row_gradients(
+        g_a_m / sk, g_u_hat, st.big_t, st.big_e, st.big_s, st.v_norm, st.a_m, u_hat, k
+    )
     g_chord = g_chord + (g_e / tokens).unsqueeze(-1) * sinh_a
-    g_a = g_a + (g_t.unsqueeze(-1) * sinh_a - g_e.unsqueeze(-1) * st.exp_a + g_e.unsqueeze(-1) * cosh_a * chord
-                 + cosh_a * (wide.u @ g_v.unsqueeze(-1)).squeeze(-1)) / tokens
+    g_a = (
+        g_a
+        + (
+            g_t.unsqueeze(-1) * sinh_a
+            - g_e.unsqueeze(-1) * st.exp_a
+            + g_e.unsqueeze(-1) * cosh_a * chord
+            + cosh_a * (wide.u @ g_v.unsqueeze(-1)).squeeze(-1)
+        )
+        / tokens
+    )
     g_u = g_u + g_chord.unsqueeze(-1) * wide.diff + sinh_a.unsqueeze(-1) * g_v.unsqueeze(-2) / tokens
     return torch.cat([(g_a / sk).unsqueeze(-1), g_u], dim=-1), g_log_gain, torch.as_tensor(g_bias)
 
@@ -340,15 +388,21 @@ def rebuild_wide(p: Tensor, out: Tensor, st: GyroNormScalars, k: float) -> GyroN
     return GyroNormWide(u, u - u_hat.unsqueeze(-2), GyroaddParts(st.centring, d, v_perp), u_y, out[..., 1:], far_parts)
 
 
-def _saved_forward(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float,
-                   ) -> tuple[Tensor, GyroNormScalars]:
+def _saved_forward(
+    p: Tensor,
+    log_gain: Tensor,
+    bias: Tensor,
+    k: float,
+    eps: float,
+) -> tuple[Tensor, GyroNormScalars]:
     """The output of :func:`gyro_norm_forward` and the scalars its backward keeps."""
     out, scalars, _ = gyro_norm_forward(p, log_gain, bias, k, eps)
     return out, scalars
 
 
-def _gradients(grad: Tensor, p: Tensor, out: Tensor, log_gain: Tensor, bias: Tensor, st: GyroNormScalars, k: float,
-               eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def _gradients(
+    grad: Tensor, p: Tensor, out: Tensor, log_gain: Tensor, bias: Tensor, st: GyroNormScalars, k: float, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients from the input, output and saved scalars (:func:`rebuild_wide`, :func:`gyro_norm_backward`)."""
     return gyro_norm_backward(grad, log_gain, bias, k, eps, st, rebuild_wide(p, out, st, k))
 
@@ -358,8 +412,15 @@ class FusedGyroLayerNorm(torch.autograd.Function):
     output, ``log_gain``, the bias point and the per-token / per-sample :class:`GyroNormScalars`."""
 
     @staticmethod
-    def forward(ctx: Any, p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float,  # noqa: D102
-                is_training: bool) -> Tensor:
+    def forward(
+        ctx: Any,
+        p: Tensor,
+        log_gain: Tensor,
+        bias: Tensor,
+        k: float,
+        eps: float,  # noqa: D102
+        is_training: bool,
+    ) -> Tensor:
         out, small = run_maybe_compiled(_saved_forward, is_training, p, p, log_gain, bias, k, eps)
         ctx.layout = record_layout(small)
         ctx.save_for_backward(p, log_gain, bias, out, *record_leaves(small))
@@ -367,11 +428,13 @@ class FusedGyroLayerNorm(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         p, log_gain, bias, out, *leaves = ctx.saved_tensors
         small = rebuild_record(ctx.layout, iter(leaves))
-        g_p, g_log_gain, g_bias = run_maybe_compiled(_gradients, True, p, grad.contiguous(), p, out, log_gain, bias,
-                                                     small, ctx.k, ctx.eps)
+        g_p, g_log_gain, g_bias = run_maybe_compiled(
+            _gradients, True, p, grad.contiguous(), p, out, log_gain, bias, small, ctx.k, ctx.eps
+        )
         return g_p, g_log_gain, g_bias, None, None, None
 
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .cpu_kernels import run_maybe_compiled, training
+from .cpu_kernels import first_order, recompute_vjp, run_maybe_compiled, training
 from .stable_math import (
     asinh_exp,
     asinh_nonneg,
@@ -31,9 +31,21 @@ from .stable_math import (
 
 GEMM_ALIGN = 8  # the Polar-FC's inner width n+1 is zero-padded to a multiple of this (MKL: odd widths run 2.3x slower)
 
-__all__ = ["FusedBoostResidual", "FusedPolarFC", "FusedReservedAxesEncoding", "GEMM_ALIGN", "boost_residual_step",
-           "fused_boost_residual", "fused_polar_fc", "fused_reserved_axes_encoding", "gemm_width", "is_gelu",
-           "polar_fc_epilogue", "radius_offset"]
+__all__ = [
+    "FusedBoostResidual",
+    "FusedPolarFC",
+    "FusedReservedAxesEncoding",
+    "GEMM_ALIGN",
+    "boost_residual_step",
+    "fused_boost_residual",
+    "fused_polar_fc",
+    "fused_reserved_axes_encoding",
+    "gemm_width",
+    "is_gelu",
+    "polar_fc_epilogue",
+    "policy_matmul",
+    "radius_offset",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,13 +78,26 @@ def _padded_weight(weight: Tensor) -> Tensor:
     return torch.nn.functional.pad(weight, (0, gemm_width(weight.shape[1]) - weight.shape[1]))
 
 
+def policy_matmul(a: Tensor, b: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """``a @ b`` under the precision policy (:func:`manifold_ops.product_dtype`): in ``dtype`` (bf16 / fp16 GEMMs
+    accumulate in float32) and returned in ``a``'s precision, or in ``a``'s precision when ``dtype`` is ``None``."""
+    if dtype is None:
+        return a @ b.to(a.dtype)
+    return (a.to(dtype) @ b.to(dtype)).to(a.dtype)
+
+
 def is_gelu(activation: Callable | None) -> bool:
     """transformers' exact ``GELUActivation`` (its backward is ``aten.gelu_backward``)."""
     return getattr(activation, "act", None) is torch.nn.functional.gelu
 
 
-def polar_fc_epilogue(pre: Tensor, offset: Tensor | None, norm_power: Tensor | None, sqrt_k: float, gelu: bool,
-                      ) -> tuple[Tensor, Tensor]:
+def polar_fc_epilogue(
+    pre: Tensor,
+    offset: Tensor | None,
+    norm_power: Tensor | None,
+    sqrt_k: float,
+    gelu: bool,
+) -> tuple[Tensor, Tensor]:
     """``([r', u'] (..., H, d+1), ||h|| (..., H))`` of Eq. 8 from the pre-activation ``pre = W x / sqrt(k)``.
 
     ``h = gelu(pre)`` (or ``pre``), ``u' = h / ||h||`` (``e_0`` where ``h = 0``), ``r' = sqrt(k) arsinh(e^l)`` with
@@ -88,8 +113,9 @@ def polar_fc_epilogue(pre: Tensor, offset: Tensor | None, norm_power: Tensor | N
     return torch.cat([radius.unsqueeze(-1), safe_normalize(h, norm)], dim=-1), norm
 
 
-def _polar_fc_epilogue_backward(grad_out: Tensor, out: Tensor, norm: Tensor, norm_power: Tensor | None,
-                                pre: Tensor | None, sqrt_k: float) -> tuple[Tensor, Tensor]:
+def _polar_fc_epilogue_backward(
+    grad_out: Tensor, out: Tensor, norm: Tensor, norm_power: Tensor | None, pre: Tensor | None, sqrt_k: float
+) -> tuple[Tensor, Tensor]:
     """``(dL/dpre, g_l)`` of :func:`polar_fc_epilogue` (``dL/dh`` where ``pre`` is ``None``), with
     ``g_l = sqrt(k) g_r' tanh(a')`` and ``g_h = (g_u' + (beta g_l - g_u'.u') u') / ||h||``."""
     u_out, g_u_out = out[..., 1:], grad_out[..., 1:]
@@ -121,35 +147,55 @@ class FusedPolarFC(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, p: Tensor, weight: Tensor, norm_power: Tensor | None,  # noqa: D102
-                radius_weight: Tensor | None, klein_weight: Tensor | None, radius_bias: Tensor | None, sqrt_k: float,
-                heads: int, activation: Callable | None, is_training: bool) -> Tensor:
+    def forward(
+        ctx: Any,
+        p: Tensor,
+        weight: Tensor,
+        norm_power: Tensor | None,  # noqa: D102
+        radius_weight: Tensor | None,
+        klein_weight: Tensor | None,
+        radius_bias: Tensor | None,
+        sqrt_k: float,
+        heads: int,
+        activation: Callable | None,
+        matmul_dtype: torch.dtype | None,
+        is_training: bool,
+    ) -> Tensor:
         x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
-        pre = (x @ _padded_weight(weight).t()).view(p.shape[0], heads, -1)  # (T, H, d)
+        pre = policy_matmul(x, _padded_weight(weight).t(), matmul_dtype).view(p.shape[0], heads, -1)  # (T, H, d)
         gelu = is_gelu(activation)
         offset = None
-        if norm_power is not None and radius_weight is not None and klein_weight is not None \
-                and radius_bias is not None:
-            offset = radius_offset(a, torch.tanh(a).unsqueeze(-1) * (p[:, 1:] @ klein_weight.t()), radius_weight,
-                                   radius_bias)
+        if (
+            norm_power is not None
+            and radius_weight is not None
+            and klein_weight is not None
+            and radius_bias is not None
+        ):
+            offset = radius_offset(
+                a, torch.tanh(a).unsqueeze(-1) * (p[:, 1:] @ klein_weight.t()), radius_weight, radius_bias
+            )
         if activation is None or gelu:
             out, norm = run_maybe_compiled(polar_fc_epilogue, is_training, pre, pre, offset, norm_power, sqrt_k, gelu)
         else:  # any other activation: applied eagerly, the epilogue without one
             out, norm = polar_fc_epilogue(activation(pre), offset, norm_power, sqrt_k, False)
-        ctx.save_for_backward(p, weight, norm_power, radius_weight, klein_weight, out, norm,
-                              pre if activation is not None else None)
-        ctx.sqrt_k, ctx.activation = sqrt_k, activation
+        ctx.save_for_backward(
+            p, weight, norm_power, radius_weight, klein_weight, out, norm, pre if activation is not None else None
+        )
+        ctx.sqrt_k, ctx.activation, ctx.matmul_dtype = sqrt_k, activation, matmul_dtype
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, grad_out: Tensor) -> tuple:  # noqa: D102
         p, weight, norm_power, radius_weight, klein_weight, out, norm, pre = ctx.saved_tensors
+        matmul_dtype = ctx.matmul_dtype
         sqrt_k = ctx.sqrt_k
         r, u = p[:, 0], p[:, 1:]
         x, a, sinh_a, cosh_a = _unit_coords(r, u, sqrt_k)
         if pre is None or is_gelu(ctx.activation):
-            g_pre, g_l = run_maybe_compiled(_polar_fc_epilogue_backward, True, out, grad_out, out, norm, norm_power,
-                                            pre, sqrt_k)
+            g_pre, g_l = run_maybe_compiled(
+                _polar_fc_epilogue_backward, True, out, grad_out, out, norm, norm_power, pre, sqrt_k
+            )
         else:
             g_h, g_l = _polar_fc_epilogue_backward(grad_out, out, norm, norm_power, None, sqrt_k)
             with torch.enable_grad():
@@ -157,8 +203,8 @@ class FusedPolarFC(torch.autograd.Function):
                 (g_pre,) = torch.autograd.grad(ctx.activation(leaf), leaf, g_h)
         g_pre = g_pre.flatten(1)  # (T, H d)
         width = p.shape[1]
-        g_weight = (g_pre.t() @ x)[:, :width]
-        g_x = (g_pre @ _padded_weight(weight))[:, :width]
+        g_weight = policy_matmul(g_pre.t(), x, matmul_dtype)[:, :width].to(weight.dtype)
+        g_x = policy_matmul(g_pre, _padded_weight(weight), matmul_dtype)[:, :width]
         g_xs = g_x[:, 1:]
         g_a = g_x[:, 0] * sinh_a + cosh_a * (g_xs * u).sum(-1)
         g_u = g_xs.mul_(sinh_a.unsqueeze(-1))
@@ -169,20 +215,40 @@ class FusedPolarFC(torch.autograd.Function):
             g_klein = g_l @ klein_weight  # (T, n): varphi^T g_l
             g_a += g_l @ radius_weight + (u * g_klein).sum(-1) / cosh_a.square()
             g_u += tanh_a.unsqueeze(-1) * g_klein
-            grads_rule = ((g_l * log_norm).sum(0), (g_l * a.unsqueeze(-1)).sum(0),
-                          (g_l * tanh_a.unsqueeze(-1)).t() @ u, g_l.sum(0))
+            grads_rule = (
+                (g_l * log_norm).sum(0),
+                (g_l * a.unsqueeze(-1)).sum(0),
+                (g_l * tanh_a.unsqueeze(-1)).t() @ u,
+                g_l.sum(0),
+            )
         g_p = g_x  # [g_a / sqrt(k), g_u] written over g_x (g_u is g_x[:, 1:] scaled in place)
         g_p[:, 0] = g_a / sqrt_k
-        return (g_p, g_weight, *grads_rule, None, None, None, None)
+        return (g_p, g_weight, *grads_rule, None, None, None, None, None)
 
 
-def fused_polar_fc(p: Tensor, weight: Tensor, rule: tuple[Tensor, Tensor, Tensor, Tensor] | None, sqrt_k: float,
-                   heads: int, activation: Callable | None = None) -> Tensor:
+def fused_polar_fc(
+    p: Tensor,
+    weight: Tensor,
+    rule: tuple[Tensor, Tensor, Tensor, Tensor] | None,
+    sqrt_k: float,
+    heads: int,
+    activation: Callable | None = None,
+    matmul_dtype: torch.dtype | None = None,
+) -> Tensor:
     """``heads`` Polar-FCs (Eq. 8) on ``p (..., n+1)`` -> ``(..., heads, d+1)``; ``rule`` is ``(beta, lambda, varphi,
-    varphi_0)`` of shapes ``(H,), (H,), (H, n), (H,)`` or ``None`` (Lorentz FC)."""
+    varphi_0)`` of shapes ``(H,), (H,), (H, n), (H,)`` or ``None`` (Lorentz FC); the products ``W x`` in
+    ``matmul_dtype`` (the precision policy) or in ``p``'s precision."""
     parameters: tuple[Tensor | None, ...] = rule if rule is not None else (None, None, None, None)
-    out = FusedPolarFC.apply(p.reshape(-1, p.shape[-1]), weight, *parameters, float(sqrt_k), int(heads), activation,
-                             training(p, weight, *parameters))
+    out = FusedPolarFC.apply(
+        p.reshape(-1, p.shape[-1]),
+        weight,
+        *parameters,
+        float(sqrt_k),
+        int(heads),
+        activation,
+        matmul_dtype,
+        training(p, weight, *parameters),
+    )
     return out.view(*p.shape[:-1], heads, -1)
 
 
@@ -204,8 +270,9 @@ def _horoshift_scalars(x: list[Tensor], rest: Tensor, nu: Tensor, t: Tensor, ide
     return out
 
 
-def _busemann(exp_minus_a: Tensor, scale: Tensor | float, y: list[Tensor], rest: Tensor, norm: Tensor,
-              ideal: int) -> Tensor:
+def _busemann(
+    exp_minus_a: Tensor, scale: Tensor | float, y: list[Tensor], rest: Tensor, norm: Tensor, ideal: int
+) -> Tensor:
     """``nu / sqrt(k) = e^{-a} + scale (|y| - y_ideal)`` (Eq. 10, :func:`geometry.busemann_nu`).
 
     ``|y| - y_ideal = (|y|^2 - y_ideal^2) / (|y| + y_ideal)`` for ``y_ideal >= 0`` (the numerator summed from the
@@ -214,8 +281,7 @@ def _busemann(exp_minus_a: Tensor, scale: Tensor | float, y: list[Tensor], rest:
     """
     off_axis = rest + sum(y[c].square() for c in range(4) if c != ideal)
     denom = norm + y[ideal].abs()  # 0 only at the origin, where the numerator is 0 too
-    gap = torch.where(y[ideal] >= 0, off_axis / torch.where(denom > 0, denom, torch.ones_like(denom)),
-                      norm - y[ideal])
+    gap = torch.where(y[ideal] >= 0, off_axis / torch.where(denom > 0, denom, torch.ones_like(denom)), norm - y[ideal])
     return exp_minus_a + scale * gap
 
 
@@ -228,8 +294,9 @@ def _boost_scalars(x: list[Tensor], cosh_a: Tensor, t: Tensor, axis: int) -> lis
     return out
 
 
-def _reserved_axes_scalars(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_rows: Tensor, t_cols: Tensor,
-                           sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
+def _reserved_axes_scalars(
+    kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_rows: Tensor, t_cols: Tensor, sqrt_k: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """Per-token scalar part of the 2-D encoding: ``(r', u'_0..3 (4, ...), scale)`` with ``u'_m = scale u_m`` for
     ``m >= 4``.  ``u4 (4, ...)`` holds the reserved direction coordinates (coordinate first: each one contiguous),
     ``rest_sq`` the sum of squares of the others."""
@@ -262,16 +329,26 @@ def _reserved_axes_scalars(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_
     return sqrt_k * asinh_nonneg(norm), direction, torch.where(nonzero, sinh_a * inv, torch.zeros_like(norm))
 
 
-def _reserved_axes_scalar_gradients(kind: str, r: Tensor, u4: Tensor, rest_sq: Tensor, t_rows: Tensor,
-                                    t_cols: Tensor, sqrt_k: float, grads: tuple[Tensor, Tensor, Tensor]) -> tuple:
+def _reserved_axes_scalar_gradients(
+    kind: str,
+    r: Tensor,
+    u4: Tensor,
+    rest_sq: Tensor,
+    t_rows: Tensor,
+    t_cols: Tensor,
+    sqrt_k: float,
+    grads: tuple[Tensor, Tensor, Tensor],
+) -> tuple:
     """``(scale, gradients)``: the ``scale`` output of :func:`_reserved_axes_scalars` and its gradients with respect
     to ``(r, u4, rest_sq, t_rows, t_cols)`` for the incoming ``grads`` of its three outputs; the forward recomputed
-    and differentiated by ``torch.func.vjp`` (one compiled kernel when training in float32 on the CPU)."""
+    and differentiated (:func:`cpu_kernels.recompute_vjp`; one compiled kernel when training in float32 on the
+    CPU)."""
+
     def scalars(*args: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return _reserved_axes_scalars(kind, args[0], args[1], args[2], args[3], args[4], sqrt_k)
 
-    outputs, vjp = torch.func.vjp(scalars, r, u4, rest_sq, t_rows, t_cols)[:2]
-    return outputs[2], vjp(grads)
+    outputs, gradients = recompute_vjp(scalars, (r, u4, rest_sq, t_rows, t_cols), grads)
+    return outputs[2], gradients
 
 
 class FusedReservedAxesEncoding(torch.autograd.Function):
@@ -283,31 +360,47 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
     direction coordinate is only rescaled, ``u'_m = (sinh a / sinh a') u_m``.  The per-token scalars (radius, four
     coordinates, the sum of squares of the others) carry the whole computation (:func:`_reserved_axes_scalars`, on
     contiguous ``(B, N, H)`` tensors); the ``d``-wide vectors are touched once forward and once backward.  Saved:
-    the input; backward recomputes the scalar part and differentiates it with ``torch.func.vjp``, the vector part by
-    hand.
+    the input; backward recomputes the scalar part and differentiates it (:func:`cpu_kernels.recompute_vjp`), the
+    vector part by hand.
     """
 
     @staticmethod
-    def forward(ctx: Any, p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float,  # noqa: D102
-                is_training: bool) -> Tensor:
+    def forward(
+        ctx: Any,
+        p: Tensor,
+        t_rows: Tensor,
+        t_cols: Tensor,
+        kind: str,
+        sqrt_k: float,  # noqa: D102
+        is_training: bool,
+    ) -> Tensor:
         u_rest = p[..., 5:]
         scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
-        r_out, u4, scale = run_maybe_compiled(_reserved_axes_scalars, is_training, p, kind, *scalars, t_rows,
-                                              t_cols, sqrt_k)
+        r_out, u4, scale = run_maybe_compiled(
+            _reserved_axes_scalars, is_training, p, kind, *scalars, t_rows, t_cols, sqrt_k
+        )
         ctx.save_for_backward(p, t_rows, t_cols)
         ctx.kind, ctx.sqrt_k = kind, sqrt_k
         return torch.cat([r_out.unsqueeze(-1), u4.movedim(0, -1), u_rest * scale.unsqueeze(-1)], dim=-1)
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         p, t_rows, t_cols = ctx.saved_tensors
         u_rest, g_rest = p[..., 5:], grad[..., 5:]
         scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
         outputs = (grad[..., 0].contiguous(), grad[..., 1:5].movedim(-1, 0).contiguous(), (g_rest * u_rest).sum(-1))
         scale, (g_r, g_u4, g_rest_sq, g_t_rows, g_t_cols) = run_maybe_compiled(
-            _reserved_axes_scalar_gradients, True, p, ctx.kind, *scalars, t_rows, t_cols, ctx.sqrt_k, outputs)
-        g_p = torch.cat([g_r.unsqueeze(-1), g_u4.movedim(0, -1),
-                         torch.addcmul(g_rest * scale.unsqueeze(-1), u_rest, 2.0 * g_rest_sq.unsqueeze(-1))], dim=-1)
+            _reserved_axes_scalar_gradients, True, p, ctx.kind, *scalars, t_rows, t_cols, ctx.sqrt_k, outputs
+        )
+        g_p = torch.cat(
+            [
+                g_r.unsqueeze(-1),
+                g_u4.movedim(0, -1),
+                torch.addcmul(g_rest * scale.unsqueeze(-1), u_rest, 2.0 * g_rest_sq.unsqueeze(-1)),
+            ],
+            dim=-1,
+        )
         return g_p, g_t_rows, g_t_cols, None, None, None
 
 
@@ -343,8 +436,13 @@ class BoostResidualState(NamedTuple):
     a_new: Tensor
 
 
-def boost_residual_step(a: Tensor, u: Tensor, b: Tensor, v: Tensor, alpha: Tensor,
-                        ) -> tuple[Tensor, Tensor, BoostResidualState]:
+def boost_residual_step(
+    a: Tensor,
+    u: Tensor,
+    b: Tensor,
+    v: Tensor,
+    alpha: Tensor,
+) -> tuple[Tensor, Tensor, BoostResidualState]:
     """Eq. 12 for ``x = (a, u)`` and ``f(x) = (b, v)`` (radii over ``sqrt(k)``; ``b`` already scaled by the
     stochastic depth), over the tokens of each sample ``(..., N)``: ``(|a'|, u', state)`` with
 
@@ -366,22 +464,48 @@ def boost_residual_step(a: Tensor, u: Tensor, b: Tensor, v: Tensor, alpha: Tenso
     norm = torch.linalg.vector_norm(big_d, dim=-1)
     direction = safe_normalize(big_d, norm)
     flip = torch.where(a_new < 0, -1.0, 1.0).to(direction.dtype)
-    state = BoostResidualState(u, v, b, cos, sign, d, h, v_perp, b_par, step, omega_sq, small, cosh_w, sinhc, tanh_a,
-                               norm, direction, flip, a_new)
+    state = BoostResidualState(
+        u,
+        v,
+        b,
+        cos,
+        sign,
+        d,
+        h,
+        v_perp,
+        b_par,
+        step,
+        omega_sq,
+        small,
+        cosh_w,
+        sinhc,
+        tanh_a,
+        norm,
+        direction,
+        flip,
+        a_new,
+    )
     return a_new.abs(), flip.unsqueeze(-1) * direction, state
 
 
-def _boost_residual_output(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float,
-                           ) -> tuple[Tensor, BoostResidualState]:
+def _boost_residual_output(
+    x: Tensor,
+    f: Tensor,
+    alpha: Tensor,
+    strength: Tensor | None,
+    sqrt_k: float,
+) -> tuple[Tensor, BoostResidualState]:
     """The packed output ``[sqrt(k) |a'|, u']`` of :func:`boost_residual_step` on packed points, and its state."""
     b = f[..., 0] / sqrt_k
-    radius, direction, state = boost_residual_step(x[..., 0] / sqrt_k, x[..., 1:],
-                                                   b if strength is None else b * strength, f[..., 1:], alpha)
+    radius, direction, state = boost_residual_step(
+        x[..., 0] / sqrt_k, x[..., 1:], b if strength is None else b * strength, f[..., 1:], alpha
+    )
     return torch.cat([(sqrt_k * radius).unsqueeze(-1), direction], dim=-1), state
 
 
-def _boost_residual_backward(grad: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float,
-                             st: BoostResidualState) -> tuple[Tensor, Tensor, Tensor]:
+def _boost_residual_backward(
+    grad: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float, st: BoostResidualState
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(dL/dx, dL/df, dL/dalpha)`` of :func:`_boost_residual_output`."""
     u, v, b, sign, d, v_perp, step, flip = st.u, st.v, st.b, st.sign, st.d, st.v_perp, st.step, st.flip
     g_a_new = grad[..., 0] * sqrt_k * torch.sign(st.a_new)  # d|a'|/da' = sign(a') (0 at 0, as torch.abs)
@@ -397,8 +521,11 @@ def _boost_residual_backward(grad: Tensor, alpha: Tensor, strength: Tensor | Non
     g_vperp_dot = (g_big_d * v_perp).sum(-1)  # dL/d(sinhc step) per token
     # sinhc(omega) as a function of omega^2: d sinhc / d omega^2 = (cosh w - sinhc) / (2 w^2)
     omega_sq, small = st.omega_sq, st.small
-    slope = torch.where(small, torch.full_like(omega_sq, 1.0 / 6.0),
-                        (st.cosh_w - sinhc) / (2.0 * torch.where(small, torch.ones_like(omega_sq), omega_sq)))
+    slope = torch.where(
+        small,
+        torch.full_like(omega_sq, 1.0 / 6.0),
+        (st.cosh_w - sinhc) / (2.0 * torch.where(small, torch.ones_like(omega_sq), omega_sq)),
+    )
     g_omega_sq = g_vperp_dot * step * slope
     vperp_sq = v_perp.square().sum(-1)
     g_step = g_vperp_dot * sinhc + g_omega_sq * 2.0 * step * vperp_sq
@@ -427,8 +554,9 @@ def _boost_residual_forward(x: Tensor, f: Tensor, alpha: Tensor, strength: Tenso
     return _boost_residual_output(x, f, alpha, strength, sqrt_k)[0]
 
 
-def _boost_residual_gradients(grad: Tensor, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None,
-                              sqrt_k: float) -> tuple[Tensor, Tensor, Tensor]:
+def _boost_residual_gradients(
+    grad: Tensor, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """The forward recomputed, then :func:`_boost_residual_backward`: ``(dL/dx, dL/df, dL/dalpha)``."""
     state = _boost_residual_output(x, f, alpha, strength, sqrt_k)[1]
     return _boost_residual_backward(grad, alpha, strength, sqrt_k, state)
@@ -440,18 +568,27 @@ class FusedBoostResidual(torch.autograd.Function):
     by hand."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float,  # noqa: D102
-                is_training: bool) -> Tensor:
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        f: Tensor,
+        alpha: Tensor,
+        strength: Tensor | None,
+        sqrt_k: float,  # noqa: D102
+        is_training: bool,
+    ) -> Tensor:
         out = run_maybe_compiled(_boost_residual_forward, is_training, x, x, f, alpha, strength, sqrt_k)
         ctx.save_for_backward(x, f, alpha, strength)
         ctx.sqrt_k = sqrt_k
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         x, f, alpha, strength = ctx.saved_tensors
-        g_x, g_f, g_alpha = run_maybe_compiled(_boost_residual_gradients, True, x, grad, x, f, alpha, strength,
-                                               ctx.sqrt_k)
+        g_x, g_f, g_alpha = run_maybe_compiled(
+            _boost_residual_gradients, True, x, grad, x, f, alpha, strength, ctx.sqrt_k
+        )
         return g_x, g_f, g_alpha, None, None, None
 
 
@@ -459,4 +596,3 @@ def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor |
     """Boost residual (Eq. 12) of ``x, f (B, N, n+1)`` (:class:`FusedBoostResidual`); ``strength (B, 1)`` or
     ``None``."""
     return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k), training(x, f, alpha))
-

@@ -91,6 +91,7 @@ __all__ = [
     "transport",
 ]
 
+
 # --------------------------------------------------------------------------------------------
 # scalar helpers
 # --------------------------------------------------------------------------------------------
@@ -231,18 +232,25 @@ class _PairwiseChord(torch.autograd.Function):
         dJ/dv_j = (v_j - vbar) sum_i g_ij - sum_i g_ij (u_i - vbar)
 
     centred on the mean key direction ``vbar`` (Eq. 25): one row sum and one matrix product, and
-    no tensor with ``N * M * n`` elements is saved.
+    no tensor with ``N * M * n`` elements is saved.  The backward is made of differentiable operators (second
+    derivatives by autograd), and forward, ``setup_context`` and backward of transformable ones (``torch.func``:
+    ``grad``, ``vmap`` with the generated batching rule).
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx: Any, u: Tensor, v: Tensor) -> Tensor:  # noqa: D102
+    def forward(u: Tensor, v: Tensor) -> Tensor:  # noqa: D102
         batch = torch.broadcast_shapes(u.shape[:-2], v.shape[:-2])
         ue = u.expand(*batch, *u.shape[-2:])
         ve = v.expand(*batch, *v.shape[-2:])
         # cdist's difference form: ||u_i - v_j|| from the exact differences, fused, nothing stored
         dist = torch.cdist(ue, ve, compute_mode="donot_use_mm_for_euclid_dist")
-        ctx.save_for_backward(u, v)
         return 0.5 * dist.square()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:  # noqa: D102
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102
@@ -308,9 +316,7 @@ def distance(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0)
     return _dist_from_c(haversine(r1, u1, r2, u2, k), _sqrt_k(k))
 
 
-def pairwise_sq_distance(
-    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, k: Curvature = 1.0
-) -> Tensor:
+def pairwise_sq_distance(rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, k: Curvature = 1.0) -> Tensor:
     """All squared distances between queries and keys, Eq. 5 with the chord gradient of Eq. 25.
 
     Shapes: ``rq (..., Nq)``, ``uq (..., Nq, n)``, ``rk (..., Nk)``, ``uk (..., Nk, n)`` ->
@@ -388,9 +394,7 @@ def gyroneg(r: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
     return r, -u
 
 
-def gyroadd(
-    r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0
-) -> tuple[Tensor, Tensor]:
+def gyroadd(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
     """Gyroaddition ``x (+) y``, the boost that carries the origin to ``x`` applied to ``y`` (Eq. 20).
 
     In polar form, with ``x = (a, u)``, ``y = (b, v)`` and ``cos = u.v``, the space part divided by
@@ -416,9 +420,7 @@ def gyroadd(
     return sk * asinh_nonneg(safe_norm(z)), safe_normalize(z)
 
 
-def gyrocenter(
-    r_center: Tensor, u_center: Tensor, r: Tensor, u: Tensor, k: Curvature = 1.0
-) -> tuple[Tensor, Tensor]:
+def gyrocenter(r_center: Tensor, u_center: Tensor, r: Tensor, u: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
     """The centring ``((-)xbar) (+) x`` of gyro normalisation (Sec. 4.4), accurate via Eq. 21."""
     return gyroadd(r_center, -u_center, r, u, k)
 
@@ -477,9 +479,7 @@ def project_grad(
     return xi_r, grad_space - radial.unsqueeze(-1) * u
 
 
-def expmap(
-    r: Tensor, u: Tensor, xi_r: Tensor, xi_perp: Tensor, k: Curvature = 1.0
-) -> tuple[Tensor, Tensor]:
+def expmap(r: Tensor, u: Tensor, xi_r: Tensor, xi_perp: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
     """Exponential map ``exp_x(xi)`` in the polar frame, Eq. 16-18.
 
     With ``w_r = xi_r / sqrt(k)``, ``w^2 = w_r^2 + ||xi_perp||^2 / k`` and ``chi = tanh a``:
@@ -523,9 +523,7 @@ def expmap(
     return sk * a_new.clamp_min(0.0), safe_normalize(x_tilde)
 
 
-def logmap(
-    r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0
-) -> tuple[Tensor, Tensor]:
+def logmap(r1: Tensor, u1: Tensor, r2: Tensor, u2: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Tensor]:
     """Logarithmic map ``log_x(y)`` in the polar frame at ``x = (r1, u1)``, Eq. 19.
 
     With ``D = d(x, y)/sqrt(k)`` and ``c = cosh D - 1`` from Eq. 5:

@@ -26,6 +26,36 @@ else:  # pragma: no cover - exercised only where torchvision is missing
 
 from .spherical import equirectangular_to_icosphere, icosphere
 
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+
+
+def to_eight_bit(image: PIL.Image.Image) -> PIL.Image.Image:
+    """``image`` with 16-bit, 32-bit integer and float pixels scaled onto 8 bits (mode ``L``); other modes as given.
+
+    The one pixel conversion of Polar-ViT, shared by :class:`PolarViTImageProcessor` and the training data path:
+    ``value / top * 255`` rounded, with ``top = 65535`` for 16-bit images and for 32-bit integer images whose values
+    exceed 255, ``1`` for float images within ``[0, 1]``, else ``max(255, largest value)``.
+    """
+    if image.mode not in (*SIXTEEN_BIT_MODES, "I", "F"):
+        return image
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode in SIXTEEN_BIT_MODES or (image.mode == "I" and values.max() > 255):
+        top = 65535.0
+    elif image.mode == "F" and values.max() <= 1.0:
+        top = 1.0
+    else:
+        top = max(255.0, float(values.max()))
+    return PIL.Image.fromarray(np.clip(np.rint(values / top * 255.0), 0, 255).astype(np.uint8))
+
+
+def _eight_bit_images(images: Any) -> Any:
+    """:func:`to_eight_bit` on every PIL image of a (nested) list; arrays and tensors as given."""
+    if isinstance(images, PIL.Image.Image):
+        return to_eight_bit(images)
+    if isinstance(images, (list, tuple)):
+        return type(images)(_eight_bit_images(image) for image in images)
+    return images
+
 
 def _per_channel(value: float | list[float] | None, default: list[float], channels: int) -> list[float]:
     """A per-channel mean / std: the given list, one value for every channel, or the default's first channels."""
@@ -38,7 +68,8 @@ class PolarViTImageProcessor(_ViTImageProcessor):
     """Resize to ``size`` (default 224 x 224), rescale to [0, 1], normalise with ``image_mean`` / ``image_std``.
 
     Accepts the usual ``size``, ``image_mean``, ``image_std``, ``do_resize``, ``do_normalize``
-    keyword arguments; images of any size and mode are converted to RGB first.
+    keyword arguments; images of any size and mode are converted to RGB first, 16-bit and float PIL images
+    through :func:`to_eight_bit` (as in training).
     """
 
     model_input_names = ["pixel_values"]
@@ -46,6 +77,10 @@ class PolarViTImageProcessor(_ViTImageProcessor):
     image_std = IMAGENET_STANDARD_STD
     size = {"height": 224, "width": 224}
     do_convert_rgb = True
+
+    def preprocess(self, images: Any, *args: Any, **kwargs: Any) -> BatchFeature:
+        """transformers' ViT preprocessing of ``images`` after :func:`to_eight_bit`."""
+        return super().preprocess(_eight_bit_images(images), *args, **kwargs)
 
 
 class PolarViTSphericalImageProcessor(BaseImageProcessor):
@@ -94,7 +129,7 @@ class PolarViTSphericalImageProcessor(BaseImageProcessor):
         """One input -> ``(C, V)`` float64 (rescaled, not yet normalised)."""
         if isinstance(image, PIL.Image.Image):
             image = np.asarray(image.convert("L" if self.num_channels == 1 else "RGB"))
-        array = torch.as_tensor(np.asarray(image))
+        array = torch.as_tensor(np.array(image))
         integer = not array.is_floating_point()
         array = array.to(torch.float64)
         vertices = self.num_vertices

@@ -41,7 +41,6 @@ def parameter_roles(model: nn.Module) -> dict[str, object]:
     return roles
 
 
-
 class PolarFC(nn.Module):
     r"""Polar fully connected layer, Eq. 8.
 
@@ -210,8 +209,9 @@ def sincos_positions(hidden_size: int, grid: tuple[int, int]) -> Tensor:
         raise ValueError(f"sine-cosine positions need hidden_size divisible by 4, got {hidden_size}")
     quarter = hidden_size // 4
     omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
-    rows, cols = torch.meshgrid(torch.arange(grid[0], dtype=torch.float64),
-                                torch.arange(grid[1], dtype=torch.float64), indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(grid[0], dtype=torch.float64), torch.arange(grid[1], dtype=torch.float64), indexing="ij"
+    )
     parts = []
     for coord in (rows.flatten(), cols.flatten()):
         angles = coord[:, None] * omega[None]
@@ -235,8 +235,9 @@ class HypformerPositionalEncoding(nn.Module):
     def __init__(self, config: PolarViTConfig) -> None:
         super().__init__()
         self.epsilon = float(config.hypformer_epsilon)
-        self.htc_linear = PolarFC(config.hidden_size, config.hidden_size, config.k, radius_rule=False,
-                                  init_scheme="uniform")
+        self.htc_linear = PolarFC(
+            config.hidden_size, config.hidden_size, config.k, radius_rule=False, init_scheme="uniform"
+        )
 
     def forward(self, x: Tensor, ops: ManifoldOps) -> Tensor:
         p = self.htc_linear(x, ops)
@@ -259,13 +260,15 @@ class PolarViTEmbeddings(nn.Module):
         self.config = config
         self.patch_size = config.patch_size
         self.grid = (config.image_size // config.patch_size,) * 2
-        self.patch_projection = PolarFC(self.patch_features(config), config.hidden_size, config.k,
-                                        radius_rule=config.linear == "polar")
+        self.patch_projection = PolarFC(
+            self.patch_features(config), config.hidden_size, config.k, radius_rule=config.linear == "polar"
+        )
         self.position_embeddings = None
         if config.position_embedding == "learned":
             self.position_embeddings = nn.Parameter(torch.empty(1, config.num_patches, config.hidden_size))
         self.position_encoding = (
-            HypformerPositionalEncoding(config) if config.position_embedding == "hypformer" else None)
+            HypformerPositionalEncoding(config) if config.position_embedding == "hypformer" else None
+        )
         self.cls_token = nn.Parameter(torch.empty(config.hidden_size)) if config.readout == "cls" else None
         self.init_parameters()
 
@@ -312,8 +315,9 @@ class PolarViTEmbeddings(nn.Module):
         cls = ops.from_space(self.cls_token.to(tokens.dtype)).expand(tokens.shape[0], 1, -1)
         return torch.cat([cls, tokens], dim=1), 1
 
-    def forward(self, pixel_values: Tensor, ops: ManifoldOps, interpolate_pos_encoding: bool = False
-                ) -> tuple[Tensor, tuple[int, int] | Tensor | None, int]:
+    def forward(
+        self, pixel_values: Tensor, ops: ManifoldOps, interpolate_pos_encoding: bool = False
+    ) -> tuple[Tensor, tuple[int, int] | Tensor | None, int]:
         """``(tokens, patch grid (rows, cols), number of prefix tokens)``."""
         batch, channels, height, width = pixel_values.shape
         size = self.patch_size
@@ -341,8 +345,9 @@ class PolarViTSphericalEmbeddings(PolarViTEmbeddings):
     @staticmethod
     def patch_features(config: PolarViTConfig) -> int:
         """Values per patch: ``(C + K) S``."""
-        return patch_features(config.num_channels, config.icosphere_level, config.patch_level,
-                                        config.longitude_encoding)
+        return patch_features(
+            config.num_channels, config.icosphere_level, config.patch_level, config.longitude_encoding
+        )
 
     def rope(self, dtype: torch.dtype) -> Tensor | None:
         """``pi(R_t)`` of every token, or ``None`` without SO(3)-RoPE."""
@@ -352,12 +357,14 @@ class PolarViTSphericalEmbeddings(PolarViTEmbeddings):
         rope = token_rope(config.icosphere_level, config.patch_level, config.head_dim)
         return rope.to(device=self.patch_projection.weight.device, dtype=dtype)
 
-    def forward(self, pixel_values: Tensor, ops: ManifoldOps, interpolate_pos_encoding: bool = False
-                ) -> tuple[Tensor, Tensor | None, int]:
+    def forward(
+        self, pixel_values: Tensor, ops: ManifoldOps, interpolate_pos_encoding: bool = False
+    ) -> tuple[Tensor, Tensor | None, int]:
         """``(tokens, SO(3)-RoPE matrices or None, number of prefix tokens)``."""
         config = self.config
-        patches = lift_patches(pixel_values, config.icosphere_level, config.patch_level,
-                                         config.longitude_encoding)  # (B, N, (C + K) S)
+        patches = lift_patches(
+            pixel_values, config.icosphere_level, config.patch_level, config.longitude_encoding
+        )  # (B, N, (C + K) S)
         table = None if self.position_embeddings is None else self.position_embeddings.to(patches.dtype)
         tokens, num_prefix = self.embed(patches, table, ops)
         return tokens, self.rope(patches.dtype), num_prefix

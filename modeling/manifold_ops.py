@@ -26,7 +26,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .ambient import (
@@ -53,6 +52,7 @@ from .fused_layers import (
     fused_reserved_axes_encoding,
     is_gelu,
     polar_fc_epilogue,
+    policy_matmul,
     radius_offset,
 )
 from .geometry import (
@@ -74,8 +74,35 @@ from .geometry import (
 from .stable_math import safe_normalize
 
 Rule = tuple[Tensor, Tensor, Tensor, Tensor]  # Eq. 8's (beta, lambda, varphi, varphi_0)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
-__all__ = ["AmbientOps", "FusedPolarOps", "ManifoldOps", "PolarOps", "make_ops", "packed_direct_concat"]
+
+def product_dtype(device_type: str, weight_dtype: torch.dtype) -> torch.dtype | None:
+    """The precision policy's dtype for the Polar-FC matrix products: the autocast dtype when autocast is on for
+    ``device_type``, else the weights' dtype when they are stored in half precision, else ``None`` (the products
+    in the compute precision).  Everything else (radii, ``arsinh``, norms, chords, centroids, residual boosts)
+    runs in float32 or float64."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return weight_dtype if weight_dtype in HALF_DTYPES else None
+
+
+def product(x: Tensor, weight: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """``x W^T`` under the precision policy: in ``dtype`` (bf16 / fp16 GEMMs accumulate in float32) and returned in
+    ``x``'s precision, or in ``x``'s precision when ``dtype`` is ``None``."""
+    return policy_matmul(x, weight.t(), dtype)
+
+
+__all__ = [
+    "AmbientOps",
+    "FusedPolarOps",
+    "ManifoldOps",
+    "PolarOps",
+    "make_ops",
+    "packed_direct_concat",
+    "product",
+    "product_dtype",
+]
 
 
 def packed_direct_concat(p: Tensor, k: float) -> Tensor:
@@ -94,9 +121,10 @@ class ManifoldOps(ABC):
 
     name: str
 
-    def __init__(self, k: float = 1.0) -> None:
+    def __init__(self, k: float = 1.0, product_dtype: torch.dtype | None = None) -> None:
         self.k = float(k)
         self.sqrt_k = math.sqrt(self.k)
+        self.product_dtype = product_dtype  # the precision policy's dtype of the Polar-FC products (or None)
 
     # primitives ------------------------------------------------------------------------------
     @abstractmethod
@@ -189,8 +217,9 @@ class ManifoldOps(ABC):
 
     # layer-level operations --------------------------------------------------------------------
     @abstractmethod
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
-                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
+    def attention(
+        self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str, return_probs: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """Eq. 9 on ``(B, H, N, d+1)`` points with per-head ``scale (H,)``: ``(heads (B, H, N, d+1), probs or
         None)``; ``implementation`` is ``config.polar_attn_implementation`` (``auto`` decided here)."""
 
@@ -198,20 +227,22 @@ class ManifoldOps(ABC):
     def concat_heads(self, p: Tensor) -> Tensor:
         """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)`` (Sec. 4.2)."""
 
-    def polar_fc(self, p: Tensor, weight: Tensor, rule: Rule | None, heads: int,
-                 activation: Callable | None = None) -> Tensor:
+    def polar_fc(
+        self, p: Tensor, weight: Tensor, rule: Rule | None, heads: int, activation: Callable | None = None
+    ) -> Tensor:
         """``heads`` Polar-FCs (Eq. 8) on ``p (..., n+1)`` -> ``(..., heads, d+1)``: ``h = phi(W x / sqrt(k))``,
         ``u' = h / ||h||``, ``r' = sqrt(k) arsinh(e^l)`` (:func:`fused_layers.polar_fc_epilogue`); ``rule`` is
         ``(beta, lambda, varphi, varphi_0)`` or ``None`` (the Lorentz FC, ``l = ln ||h||``)."""
-        h = F.linear(self.unit_coords(p), weight).unflatten(-1, (heads, -1))
+        h = product(self.unit_coords(p), weight, self.product_dtype).unflatten(-1, (heads, -1))
         gelu = is_gelu(activation)
         if activation is not None and not gelu:
             h = activation(h)
         offset = norm_power = None
         if rule is not None:
-            norm_power, radius_weight, klein_weight, radius_bias = rule
-            offset = radius_offset(self.radius(p) / self.sqrt_k, self.klein(p) @ klein_weight.t(), radius_weight,
-                                   radius_bias)
+            norm_power, radius_weight, klein_weight, radius_bias = (t.to(p.dtype) for t in rule)
+            offset = radius_offset(
+                self.radius(p) / self.sqrt_k, self.klein(p) @ klein_weight.t(), radius_weight, radius_bias
+            )
         out, _ = polar_fc_epilogue(h, offset, norm_power, self.sqrt_k, gelu)
         return self.make(out[..., 0], out[..., 1:])
 
@@ -231,8 +262,9 @@ class ManifoldOps(ABC):
         r, u = self.polar(x)
         r_f, v = self.polar(f)
         b = r_f / self.sqrt_k
-        radius, direction, _ = boost_residual_step(r / self.sqrt_k, u, b if strength is None else b * strength, v,
-                                                   alpha)
+        radius, direction, _ = boost_residual_step(
+            r / self.sqrt_k, u, b if strength is None else b * strength, v, alpha
+        )
         return self.make(self.sqrt_k * radius, direction)
 
     def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:
@@ -332,11 +364,22 @@ class _PolarPoints(ManifoldOps):
     def readout(self, output) -> Tensor:  # noqa: ANN001 - a PolarViTModelOutput
         return output.pooler_polar
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
-                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
+    def attention(
+        self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str, return_probs: bool
+    ) -> tuple[Tensor, Tensor | None]:
         impl = select_implementation(implementation, return_probs, q.device, q.shape[2], self.auto_attention)
-        out = polar_attention(q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], scale, self.k,
-                              impl=impl, return_probs=return_probs)
+        out = polar_attention(
+            q[..., 0],
+            q[..., 1:],
+            k[..., 0],
+            k[..., 1:],
+            v[..., 0],
+            v[..., 1:],
+            scale,
+            self.k,
+            impl=impl,
+            return_probs=return_probs,
+        )
         return self.make(out[0], out[1]), (out[-1] if return_probs else None)
 
     def concat_heads(self, p: Tensor) -> Tensor:
@@ -354,9 +397,15 @@ class FusedPolarOps(_PolarPoints):
 
     auto_attention = "fused"
 
-    def polar_fc(self, p: Tensor, weight: Tensor, rule: Rule | None, heads: int,
-                 activation: Callable | None = None) -> Tensor:
-        return fused_polar_fc(p, weight, rule, self.sqrt_k, heads, activation)
+    def polar_fc(
+        self, p: Tensor, weight: Tensor, rule: Rule | None, heads: int, activation: Callable | None = None
+    ) -> Tensor:
+        rule = (
+            None
+            if rule is None
+            else (rule[0].to(p.dtype), rule[1].to(p.dtype), rule[2].to(p.dtype), rule[3].to(p.dtype))
+        )
+        return fused_polar_fc(p, weight, rule, self.sqrt_k, heads, activation, self.product_dtype)
 
     def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
         return fused_gyro_layer_norm(p, log_gain, bias_space, self.k, eps)
@@ -445,8 +494,9 @@ class AmbientOps(ManifoldOps):
     def beta_split_heads(self, p: Tensor, heads: int) -> Tensor:
         return ambient_beta_split(p, heads, self.k)
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str,
-                  return_probs: bool) -> tuple[Tensor, Tensor | None]:
+    def attention(
+        self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str, return_probs: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """Eager ambient attention (``implementation`` applies to polar arithmetic only)."""
         weights = torch.softmax(-scale.view(-1, 1, 1) * self.pairwise_sq_distance(q, k), dim=-1)
         return self.centroid(v, weights), (weights if return_probs else None)
@@ -459,10 +509,16 @@ class AmbientOps(ManifoldOps):
         return output.pooler_output
 
 
-def make_ops(arithmetic: str, k: float, fused: bool = False) -> ManifoldOps:
-    """The strategy of ``config.arithmetic`` and ``config.fused_ops`` (the fused layers exist in polar form only)."""
+def make_ops(
+    arithmetic: str,
+    k: float,
+    fused: bool = False,
+    product_dtype: torch.dtype | None = None,
+) -> ManifoldOps:
+    """The strategy of ``config.arithmetic`` and ``config.fused_ops`` (the fused layers exist in polar form only),
+    with the matrix products in ``product_dtype`` (:func:`product_dtype`)."""
     if arithmetic == "polar":
-        return FusedPolarOps(k) if fused else PolarOps(k)
+        return (FusedPolarOps if fused else PolarOps)(k, product_dtype)
     if arithmetic == "ambient":
-        return AmbientOps(k)
+        return AmbientOps(k, product_dtype)
     raise ValueError(f"arithmetic={arithmetic!r} is not one of ('polar', 'ambient')")

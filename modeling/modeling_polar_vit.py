@@ -41,6 +41,7 @@ from .configuration_polar_vit import (
     PolarViTSphericalConfig,
     complete_auto_map,
 )
+from .cpu_kernels import transforms_active
 from .layers_polar_vit import (  # the embeddings' building blocks, re-exported with the model classes
     MANIFOLD,
     NO_DECAY,
@@ -59,7 +60,7 @@ from .layers_polar_vit import (  # the embeddings' building blocks, re-exported 
     relative_position_encoding,
     sincos_positions,
 )
-from .manifold_ops import ManifoldOps, PolarOps, make_ops
+from .manifold_ops import ManifoldOps, PolarOps, make_ops, product_dtype
 from .runtime import use_runtime_options
 from .validation import check_pixel_values
 
@@ -94,8 +95,12 @@ def _has_forward_hooks(module: nn.Module) -> bool:
     """Whether calling ``module`` would run forward (pre-)hooks, its own or global ones."""
     from torch.nn.modules import module as torch_module
 
-    return bool(module._forward_hooks or module._forward_pre_hooks or torch_module._global_forward_hooks
-                or torch_module._global_forward_pre_hooks)
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+    )
 
 
 class PolarSelfAttention(nn.Module):
@@ -135,9 +140,10 @@ class PolarSelfAttention(nn.Module):
         """Every head starts at the temperature ``attention_temperature_init``."""
         init.constant_(self.log_temperature, math.log(self.temperature_init))
 
-    def scale(self) -> Tensor:
+    def scale(self, dtype: torch.dtype | None = None) -> Tensor:
         """``gamma / tau_h`` per head."""
-        return self.head_dim**-0.5 * torch.exp(-self.log_temperature)
+        log_temperature = self.log_temperature if dtype is None else self.log_temperature.to(dtype)
+        return self.head_dim**-0.5 * torch.exp(-log_temperature)
 
     def project(self, p: Tensor, ops: ManifoldOps) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values: the three Polar-FCs (one input) run as one with stacked weights (one product,
@@ -152,13 +158,18 @@ class PolarSelfAttention(nn.Module):
             beta, lam, varphi, varphi_0 = (torch.cat(parts) for parts in zip(*rules))
             rule = (beta, lam, varphi, varphi_0)
         heads = self.q_proj.num_heads or 1
-        out = ops.polar_fc(p, torch.cat([projection.weight for projection in projections]), rule,
-                           3 * heads)  # (B, N, 3 heads, d+1)
+        out = ops.polar_fc(
+            p, torch.cat([projection.weight for projection in projections]), rule, 3 * heads
+        )  # (B, N, 3 heads, d+1)
         q, k, v = (t if self.q_proj.num_heads else t.squeeze(-2) for t in out.chunk(3, dim=-2))
         return q, k, v
 
     def forward(
-        self, p: Tensor, positions: tuple[int, int] | Tensor | None, num_prefix: int, ops: ManifoldOps,
+        self,
+        p: Tensor,
+        positions: tuple[int, int] | Tensor | None,
+        num_prefix: int,
+        ops: ManifoldOps,
         output_attentions: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """``positions``: the patch grid ``(rows, cols)`` of a planar input or the SO(3)-RoPE matrices ``(N, m, m)``
@@ -169,8 +180,9 @@ class PolarSelfAttention(nn.Module):
         if self.position is not None:  # queries and keys move alike: one call on both
             q, k = self.position(torch.cat([q, k]), positions, num_prefix, ops).chunk(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, d+1)
-        heads, probs = ops.attention(q, k, v, self.scale().to(p.dtype), self.config.polar_attn_implementation,
-                                     output_attentions)
+        heads, probs = ops.attention(
+            q, k, v, self.scale(p.dtype), self.config.polar_attn_implementation, output_attentions
+        )
         heads = heads.transpose(1, 2)
         merged = ops.beta_concat_heads(heads) if self.beta_heads else ops.concat_heads(heads)  # (B, N, n+1)
         return self.o_proj(merged, ops), probs
@@ -200,7 +212,7 @@ class GyroLayerNorm(nn.Module):
         init.zeros_(self.bias_point)
 
     def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
-        return ops.gyro_layer_norm(p, self.log_gain, self.bias_point.to(p.dtype), self.eps)
+        return ops.gyro_layer_norm(p, self.log_gain.to(p.dtype), self.bias_point.to(p.dtype), self.eps)
 
 
 class PolarResidual(nn.Module):
@@ -244,7 +256,7 @@ class BoostResidual(PolarResidual):
         init.constant_(self.alpha, self.alpha_init)
 
     def combine(self, x: Tensor, f: Tensor, ops: ManifoldOps, strength: Tensor | None) -> Tensor:
-        return ops.boost_residual(x, f, self.alpha, strength)
+        return ops.boost_residual(x, f, self.alpha.to(x.dtype), strength)
 
 
 class SpaceResidual(PolarResidual):
@@ -270,7 +282,7 @@ class LorentzMidpointResidual(PolarResidual):
         init.constant_(self.midpoint_weight, math.log(math.e - 1.0))  # softplus -> 1
 
     def combine(self, x: Tensor, f: Tensor, ops: ManifoldOps, strength: Tensor | None) -> Tensor:
-        w = F.softplus(self.midpoint_weight).expand(x.shape[:-1])
+        w = F.softplus(self.midpoint_weight.to(x.dtype)).expand(x.shape[:-1])
         if strength is not None:
             w = w * strength
         weights = torch.stack([torch.ones_like(w), w], dim=-1).unsqueeze(-2)  # (B, N, 1, 2)
@@ -286,8 +298,9 @@ class PolarMLP(nn.Module):
     def __init__(self, config: PolarViTConfig) -> None:
         super().__init__()
         rule = config.linear == "polar"
-        self.fc1 = PolarFC(config.hidden_size, config.intermediate_size, config.k,
-                           activation=config.hidden_act, radius_rule=rule)
+        self.fc1 = PolarFC(
+            config.hidden_size, config.intermediate_size, config.k, activation=config.hidden_act, radius_rule=rule
+        )
         self.fc2 = PolarFC(config.intermediate_size, config.hidden_size, config.k, radius_rule=rule)
 
     def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
@@ -307,14 +320,19 @@ class PolarViTLayer(GradientCheckpointingLayer):
         self.mlp_residual = RESIDUAL_CLASSES[config.residual](config, drop_path)
 
     def forward(
-        self, hidden: Tensor, positions: tuple[int, int] | Tensor | None, num_prefix: int, ops: ManifoldOps,
+        self,
+        hidden: Tensor,
+        positions: tuple[int, int] | Tensor | None,
+        num_prefix: int,
+        ops: ManifoldOps,
         output_attentions: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         # inputs are checked at the model's edge; the layer runs (and a checkpointed layer is recomputed) without
         # the geometry's per-operation scans, whatever context the recomputation runs in
         with use_runtime_options(input_checks=False):
-            attended, probs = self.attention(self.attention_norm(hidden, ops), positions, num_prefix, ops,
-                                             output_attentions)
+            attended, probs = self.attention(
+                self.attention_norm(hidden, ops), positions, num_prefix, ops, output_attentions
+            )
             hidden = self.attention_residual(hidden, attended, ops)
             hidden = self.mlp_residual(hidden, self.mlp(self.mlp_norm(hidden, ops), ops), ops)
         return hidden, probs
@@ -338,10 +356,11 @@ class HyperplaneHead(nn.Module):
         init.normal_(self.weight, std=self.std)
         init.zeros_(self.bias)
 
-    def unit_normal(self) -> tuple[Tensor, Tensor]:
+    def unit_normal(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(||z_c||, z_c / ||z_c||)``."""
-        z_norm = torch.linalg.vector_norm(self.weight, dim=-1).clamp_min(1e-12)
-        return z_norm, self.weight / z_norm.unsqueeze(-1)
+        weight = self.weight.to(dtype)
+        z_norm = torch.linalg.vector_norm(weight, dim=-1).clamp_min(1e-12)
+        return z_norm, weight / z_norm.unsqueeze(-1)
 
 
 class LorentzMLRHead(HyperplaneHead):
@@ -349,8 +368,8 @@ class LorentzMLRHead(HyperplaneHead):
     ``alpha_c = cosh(A) <z_c, x_s> - sinh(A) x_0``, ``A = a_c / sqrt(k)``."""
 
     def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
-        z_norm, z_hat = self.unit_normal()
-        big_a = self.bias / self.sqrt_k
+        z_norm, z_hat = self.unit_normal(p.dtype)
+        big_a = self.bias.to(p.dtype) / self.sqrt_k
         margin = ops.hyperplane_margin(p, z_hat, z_norm * torch.cosh(big_a), torch.sinh(big_a))
         return self.sqrt_k * z_norm * torch.asinh(margin / z_norm)
 
@@ -361,8 +380,8 @@ class PoincareMLRHead(HyperplaneHead):
     in polar form ``sinh(a) (u . z_hat) cosh(A) - cosh(a) sinh(A)``."""
 
     def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
-        z_norm, z_hat = self.unit_normal()
-        big_a = 2.0 * self.bias / self.sqrt_k
+        z_norm, z_hat = self.unit_normal(p.dtype)
+        big_a = 2.0 * self.bias.to(p.dtype) / self.sqrt_k
         margin = ops.hyperplane_margin(p, z_hat, torch.cosh(big_a), torch.sinh(big_a))
         return 2.0 * self.sqrt_k * z_norm * torch.asinh(margin)
 
@@ -382,7 +401,7 @@ class TangentLinearHead(nn.Module):
 
     def forward(self, p: Tensor, ops: ManifoldOps) -> Tensor:
         r, u = ops.polar(p)
-        return self.linear(r.unsqueeze(-1) * u)
+        return F.linear(r.unsqueeze(-1) * u, self.linear.weight.to(r.dtype), self.linear.bias.to(r.dtype))
 
 
 HEAD_CLASSES = {"lorentz_mlr": LorentzMLRHead, "poincare_mlr": PoincareMLRHead, "tangent_linear": TangentLinearHead}
@@ -398,8 +417,13 @@ class PolarViTEncoder(nn.ModuleList):
         super().__init__([PolarViTLayer(config, rate) for rate in rates])
 
     def forward(
-        self, hidden: Tensor, positions: tuple[int, int] | Tensor | None, num_prefix: int, ops: ManifoldOps,
-        output_attentions: bool = False, output_hidden_states: bool = False,
+        self,
+        hidden: Tensor,
+        positions: tuple[int, int] | Tensor | None,
+        num_prefix: int,
+        ops: ManifoldOps,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None, tuple[Tensor | None, ...] | None]:
         """``(hidden, all hidden states in ambient coordinates or None, attentions or None)``."""
         all_hidden = [ops.to_ambient(hidden)] if output_hidden_states else None
@@ -410,8 +434,11 @@ class PolarViTEncoder(nn.ModuleList):
                 all_hidden.append(ops.to_ambient(hidden))
             if all_attentions is not None:
                 all_attentions.append(probs)
-        return (hidden, tuple(all_hidden) if all_hidden is not None else None,
-                tuple(all_attentions) if all_attentions is not None else None)
+        return (
+            hidden,
+            tuple(all_hidden) if all_hidden is not None else None,
+            tuple(all_attentions) if all_attentions is not None else None,
+        )
 
 
 class PolarViTCentroidPooler(nn.Module):
@@ -480,6 +507,7 @@ class PolarViTModel(PolarViTPreTrainedModel):
     """The bare Polar-ViT encoder: embeddings, ``L`` polar blocks, final gyro norm and readout point."""
 
     def __init__(self, config: PolarViTConfig) -> None:
+        config.validate_polar_vit()  # fields may have been assigned one by one since the config was built
         super().__init__(config)
         self.embeddings = (PolarViTSphericalEmbeddings if config.is_spherical else PolarViTEmbeddings)(config)
         self.layers = PolarViTEncoder(config)
@@ -493,6 +521,11 @@ class PolarViTModel(PolarViTPreTrainedModel):
         self.config.arithmetic = arithmetic
         self.config.validate_polar_vit()
 
+    def get_input_embeddings(self) -> nn.Module:
+        """The patch embedding (as transformers' ViT): the Polar-FC that lifts each patch onto the hyperboloid, or
+        the spherical model's lifting layer."""
+        return self.embeddings.patch_projection
+
     @property
     def encoder(self) -> PolarViTEncoder:
         """The polar blocks (stored as ``layers``)."""
@@ -500,8 +533,17 @@ class PolarViTModel(PolarViTPreTrainedModel):
 
     @property
     def ops(self) -> ManifoldOps:
-        """The arithmetic of ``config.arithmetic`` / ``config.fused_ops``, read at call time (both switch in place)."""
-        return make_ops(self.config.arithmetic, self.config.k, self.config.fused_ops)
+        """The arithmetic of ``config.arithmetic`` / ``config.fused_ops``, read at call time (both switch in place),
+        with the matrix products of this call's precision policy (:func:`manifold_ops.product_dtype`).  Under
+        ``torch.func`` transforms (per-sample gradients, ensembles) the reference layers run: their operations are
+        all transformable, the fused layers' hand-derived backward passes are not."""
+        weight = self.embeddings.patch_projection.weight
+        return make_ops(
+            self.config.arithmetic,
+            self.config.k,
+            self.config.fused_ops and not transforms_active(),
+            product_dtype(weight.device.type, weight.dtype),
+        )
 
     def forward(
         self,
@@ -520,11 +562,11 @@ class PolarViTModel(PolarViTPreTrainedModel):
         return_dict = return_dict if return_dict is not None else config.return_dict
         check_pixel_values(pixel_values, config)
         assert pixel_values is not None  # (checked above)
-        ops = self.ops
+        ops = self.ops  # the precision policy is read here, under the caller's autocast
         dtype = self.embeddings.patch_projection.weight.dtype
-        # the polar arithmetic always runs in (at least) float32, also under bf16 autocast
+        # the precision policy: products in half precision (ops), the geometry in float32 or float64, so autocast is
+        # off inside; inputs were checked once above, the geometry functions run without their per-call checks
         compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-        # inputs were checked once above; the geometry functions inside run without their per-call checks
         unautocast = torch.autocast(device_type=pixel_values.device.type, enabled=False)
         with unautocast, use_runtime_options(input_checks=False):
             hidden, positions, num_prefix = self.embeddings(
@@ -555,8 +597,9 @@ class PolarViTForImageClassification(PolarViTPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.polar_vit = PolarViTModel(config)
-        self.classifier = HEAD_CLASSES[config.head](config.hidden_size, cast(int, config.num_labels), config.k,
-                                                    config.initializer_range)
+        self.classifier = HEAD_CLASSES[config.head](
+            config.hidden_size, cast(int, config.num_labels), config.k, config.initializer_range
+        )
         self.post_init()
 
     def set_arithmetic(self, arithmetic: str) -> None:
@@ -571,9 +614,9 @@ class PolarViTForImageClassification(PolarViTPreTrainedModel):
         config.label2id = {v: k for k, v in config.id2label.items()}
         self.num_labels = config.num_labels
         weight = next(self.polar_vit.parameters())
-        self.classifier = HEAD_CLASSES[config.head](config.hidden_size, cast(int, config.num_labels), config.k,
-                                                    config.initializer_range).to(device=weight.device,
-                                                                                 dtype=weight.dtype)
+        self.classifier = HEAD_CLASSES[config.head](
+            config.hidden_size, cast(int, config.num_labels), config.k, config.initializer_range
+        ).to(device=weight.device, dtype=weight.dtype)
 
     def forward(
         self,

@@ -57,9 +57,8 @@ class RuntimeOptions:
         return cls(cpu_kernels=os.environ.get("POLAR_VIT_CPU_KERNELS", "1") != "0")
 
 
-# (the default is a frozen, immutable dataclass)
-_CURRENT: ContextVar[RuntimeOptions] = ContextVar(
-    "polar_vit_runtime_options", default=RuntimeOptions.from_environment())  # noqa: B039
+_DEFAULTS = RuntimeOptions.from_environment()  # frozen: safe as the context variable's shared default
+_CURRENT: ContextVar[RuntimeOptions] = ContextVar("polar_vit_runtime_options", default=_DEFAULTS)  # noqa: B039
 
 
 def runtime_options() -> RuntimeOptions:

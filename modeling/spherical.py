@@ -33,15 +33,46 @@ def icosahedron() -> tuple[Tensor, Tensor]:
     """The 12 unit vertices ``(12, 3)`` (float64) and 20 faces ``(20, 3)``, counter-clockwise seen from outside."""
     phi = GOLDEN_RATIO
     vertices = torch.tensor(
-        [(-1, phi, 0), (1, phi, 0), (-1, -phi, 0), (1, -phi, 0), (0, -1, phi), (0, 1, phi),
-         (0, -1, -phi), (0, 1, -phi), (phi, 0, -1), (phi, 0, 1), (-phi, 0, -1), (-phi, 0, 1)],
+        [
+            (-1, phi, 0),
+            (1, phi, 0),
+            (-1, -phi, 0),
+            (1, -phi, 0),
+            (0, -1, phi),
+            (0, 1, phi),
+            (0, -1, -phi),
+            (0, 1, -phi),
+            (phi, 0, -1),
+            (phi, 0, 1),
+            (-phi, 0, -1),
+            (-phi, 0, 1),
+        ],
         dtype=torch.float64,
     )
     vertices = vertices / vertices.norm(dim=-1, keepdim=True)
     faces = torch.tensor(
-        [(0, 11, 5), (0, 5, 1), (0, 1, 7), (0, 7, 10), (0, 10, 11), (1, 5, 9), (5, 11, 4), (11, 10, 2),
-         (10, 7, 6), (7, 1, 8), (3, 9, 4), (3, 4, 2), (3, 2, 6), (3, 6, 8), (3, 8, 9), (4, 9, 5), (2, 4, 11),
-         (6, 2, 10), (8, 6, 7), (9, 8, 1)]
+        [
+            (0, 11, 5),
+            (0, 5, 1),
+            (0, 1, 7),
+            (0, 7, 10),
+            (0, 10, 11),
+            (1, 5, 9),
+            (5, 11, 4),
+            (11, 10, 2),
+            (10, 7, 6),
+            (7, 1, 8),
+            (3, 9, 4),
+            (3, 4, 2),
+            (3, 2, 6),
+            (3, 6, 8),
+            (3, 8, 9),
+            (4, 9, 5),
+            (2, 4, 11),
+            (6, 2, 10),
+            (8, 6, 7),
+            (9, 8, 1),
+        ]
     )
     a, b, c = vertices[faces].unbind(1)
     clockwise = (torch.linalg.cross(b - a, c - a) * (a + b + c)).sum(-1) < 0
@@ -85,8 +116,12 @@ class _Subdivision:
             mid = lambda x, y: tuple((u + v) // 2 for u, v in zip(x, y))  # noqa: E731
             ij, jk, ki = self.midpoint(i, j), self.midpoint(j, k), self.midpoint(k, i)
             pq, qr, rp = mid(p, q), mid(q, r), mid(r, p)
-            for child_ids, child_coords in (((i, ij, ki), (p, pq, rp)), ((ij, j, jk), (pq, q, qr)),
-                                            ((ki, jk, k), (rp, qr, r)), ((ij, jk, ki), (pq, qr, rp))):
+            for child_ids, child_coords in (
+                ((i, ij, ki), (p, pq, rp)),
+                ((ij, j, jk), (pq, q, qr)),
+                ((ki, jk, k), (rp, qr, r)),
+                ((ij, jk, ki), (pq, qr, rp)),
+            ):
                 visit(child_ids, child_coords, level - 1)
 
         visit(face, ((n, 0, 0), (0, n, 0), (0, 0, n)), depth)
@@ -224,8 +259,9 @@ def _e3nn_o3() -> Any:
     try:
         from e3nn import o3
     except ImportError as error:  # only spherical models need it
-        raise ImportError("relative_position='so3' needs e3nn: pip install e3nn (or polar-vit-hf[spherical])") \
-            from error
+        raise ImportError(
+            "relative_position='so3' needs e3nn: pip install e3nn (or polar-vit-hf[spherical])"
+        ) from error
     return o3
 
 
@@ -318,7 +354,7 @@ def equirectangular_to_icosphere(image: Tensor, vertices: Tensor) -> Tensor:
     def at(r: Tensor, c: Tensor) -> Tensor:
         return image[..., r, c]
 
-    return ((1 - fr) * ((1 - fc) * at(r0, c0) + fc * at(r0, c1)) + fr * ((1 - fc) * at(r1, c0) + fc * at(r1, c1)))
+    return (1 - fr) * ((1 - fc) * at(r0, c0) + fc * at(r0, c1)) + fr * ((1 - fc) * at(r1, c0) + fc * at(r1, c1))
 
 
 __all__ = [

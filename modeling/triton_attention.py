@@ -26,7 +26,8 @@ import math
 import torch
 from torch import Tensor
 
-from .fused_attention import row_gradients
+from .cpu_kernels import first_order
+from .fused_attention import CentredValues, row_gradients
 from .stable_math import SERIES_CUTOFF
 
 try:
@@ -91,8 +92,7 @@ if TRITON_AVAILABLE:
         return tl.where(ell > 0, large, small)
 
     @triton.jit
-    def _chord(U, offs_m, mask_m, V, offs_n, mask_n, D: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+    def _chord(U, offs_m, mask_m, V, offs_n, mask_n, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         """Exact ``1/2 ||u_i - v_j||^2`` from the coordinate differences (rows of ``U`` and ``V`` in memory).
 
         Each coordinate is loaded as a column ``(BLOCK_M, 1)`` and a row ``(1, BLOCK_N)`` of the tile's
@@ -107,8 +107,22 @@ if TRITON_AVAILABLE:
         return 0.5 * acc
 
     @triton.jit
-    def _scores_block(a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, offs_n, mask_n, sqrt_k, k_val,
-                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _scores_block(
+        a_q,
+        sinh_a,
+        UQ,
+        offs_m,
+        mask_m,
+        RK,
+        UK,
+        offs_n,
+        mask_n,
+        sqrt_k,
+        k_val,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
         """Haversine ``c`` (Eq. 5), query/key chord, squared distance and key radii of one tile."""
         a_k = tl.load(RK + offs_n, mask=mask_n, other=0.0) / sqrt_k
         chord = _chord(UQ, offs_m, mask_m, UK, offs_n, mask_n, D, BLOCK_M, BLOCK_N)
@@ -119,9 +133,27 @@ if TRITON_AVAILABLE:
 
     @triton.jit(do_not_specialize=["n_q", "n_k"])
     def _polar_attention_fwd(
-        RQ, UQ, RK, UK, RV, UV, SCALE, ROUT, UOUT, STATS,
-        n_q, n_k, heads, sqrt_k, k_val,
-        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        RQ,
+        UQ,
+        RK,
+        UK,
+        RV,
+        UV,
+        VBAR,
+        SCALE,
+        ROUT,
+        UOUT,
+        VCOUT,
+        STATS,
+        n_q,
+        n_k,
+        heads,
+        sqrt_k,
+        k_val,
+        D: tl.constexpr,
+        D_PAD: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
     ):
         bh = tl.program_id(0).to(tl.int64)  # (batch, head) slices on grid axis 0 (2^31 - 1 programs)
         pid_m = tl.program_id(1)
@@ -133,6 +165,7 @@ if TRITON_AVAILABLE:
         mask_md = mask_m[:, None] & mask_d[None, :]
         RQ, UQ, ROUT, UOUT = RQ + bh * n_q, UQ + bh * n_q * D, ROUT + bh * n_q, UOUT + bh * n_q * D
         RK, UK, RV, UV = RK + bh * n_k, UK + bh * n_k * D, RV + bh * n_k, UV + bh * n_k * D
+        vbar = tl.load(VBAR + bh * D + offs_d, mask=mask_d, other=0.0)
         a_q = tl.load(RQ + offs_m, mask=mask_m, other=0.0) / sqrt_k
         sinh_a = _sinh(a_q)
         m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -140,27 +173,36 @@ if TRITON_AVAILABLE:
         t_i = tl.zeros((BLOCK_M,), tl.float32)
         e_i = tl.zeros((BLOCK_M,), tl.float32)
         s_i = tl.zeros((BLOCK_M,), tl.float32)
-        v_acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
+        w_i = tl.zeros((BLOCK_M,), tl.float32)
+        v_norm = tl.zeros((BLOCK_M,), tl.float32)
+        # V = sum_j w_j v_j is carried centred on the mean value direction, V = Vc + W v_bar: the stationarity
+        # correction of the backward needs Vc = sum_j w_j (v_j - v_bar) itself (exact for clustered values)
+        vc_acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
         # the running direction u_hat lives in this program's rows of UOUT: the value chords read it
         # column by column (as _chord does), and it is the output direction at the end
         tl.store(UOUT + tile_m, tl.zeros((BLOCK_M, D_PAD), tl.float32), mask=mask_md)
         for start in range(0, n_k, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < n_k
-            c, chord, d2, a_k = _scores_block(a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, offs_n, mask_n, sqrt_k, k_val,
-                                              D, BLOCK_M, BLOCK_N)
+            c, chord, d2, a_k = _scores_block(
+                a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, offs_n, mask_n, sqrt_k, k_val, D, BLOCK_M, BLOCK_N
+            )
             scores = tl.where(mask_n[None, :], -scale * d2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, axis=1))
             alpha = tl.exp(m_i - m_new)
             e = tl.exp(scores - m_new[:, None])
             b = tl.load(RV + offs_n, mask=mask_n, other=0.0) / sqrt_k
-            uv = tl.load(UV + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            mask_nd = mask_n[:, None] & mask_d[None, :]
+            uv = tl.load(UV + offs_n[:, None] * D + offs_d[None, :], mask=mask_nd, other=0.0)
             w = e * _sinh(b)[None, :]
             l_i = l_i * alpha + tl.sum(e, axis=1)
             t_i = t_i * alpha + tl.sum(e * _cosh(b)[None, :], axis=1)
             e_i = e_i * alpha + tl.sum(e * tl.exp(-b)[None, :], axis=1)
-            v_old_norm = tl.sqrt(tl.sum(v_acc * v_acc, axis=1)) * alpha
-            v_acc = v_acc * alpha[:, None] + tl.dot(w, uv, input_precision="ieee")
+            w_i = w_i * alpha + tl.sum(w, axis=1)
+            v_old_norm = v_norm * alpha
+            # padded keys have w = 0, padded columns uv = v_bar = 0: no mask needed
+            vc_acc = vc_acc * alpha[:, None] + tl.dot(w, uv - vbar[None, :], input_precision="ieee")
+            v_acc = vc_acc + w_i[:, None] * vbar[None, :]
             v_norm = tl.sqrt(tl.sum(v_acc * v_acc, axis=1))
             u_new = v_acc / tl.where(v_norm > 0, v_norm, 1.0)[:, None]
             step = tl.load(UOUT + tile_m, mask=mask_md, other=0.0) - u_new
@@ -171,7 +213,6 @@ if TRITON_AVAILABLE:
             chord_v = _chord(UOUT, offs_m, mask_m, UV, offs_n, mask_n, D, BLOCK_M, BLOCK_N)
             s_i = s_i * alpha + v_old_norm * 0.5 * step_sq + tl.sum(w * chord_v, axis=1)
             m_i = m_new
-        v_norm = tl.sqrt(tl.sum(v_acc * v_acc, axis=1))
         degenerate = v_norm <= 0
         log_sinh = tl.log(tl.where(degenerate, 1.0, v_norm)) - 0.5 * tl.log(e_i + s_i) - 0.5 * tl.log(t_i + v_norm)
         a_mu = tl.where(degenerate, 0.0, _asinh_exp(log_sinh))
@@ -184,19 +225,44 @@ if TRITON_AVAILABLE:
         tl.store(base + 3 * rows, e_i / l_i, mask=mask_m)
         tl.store(base + 4 * rows, s_i / l_i, mask=mask_m)
         tl.store(base + 5 * rows, v_norm / l_i, mask=mask_m)
+        tl.store(base + 6 * rows, w_i / l_i, mask=mask_m)
+        tl.store(VCOUT + bh * n_q * D + tile_m, vc_acc / l_i[:, None], mask=mask_md)
 
     @triton.jit
     def _tile_backward(
-        RQ, UQ, RK, UK, RV, UV, UHAT, STATS, GT, GE, GV, ROWDOT,
-        offs_m, mask_m, offs_n, mask_n, offs_d, mask_d, rows, scale, sqrt_k, k_val,
-        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        RQ,
+        UQ,
+        RK,
+        UK,
+        RV,
+        UV,
+        UHAT,
+        STATS,
+        GT,
+        GE,
+        GV,
+        ROWDOT,
+        offs_m,
+        mask_m,
+        offs_n,
+        mask_n,
+        offs_d,
+        mask_d,
+        rows,
+        scale,
+        sqrt_k,
+        k_val,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
     ):
         """Recompute one (query block, key block) tile: probabilities, dL/dp and dL/dc (pointers offset to b, h)."""
         valid = mask_m[:, None] & mask_n[None, :]
         a_q = tl.load(RQ + offs_m, mask=mask_m, other=0.0) / sqrt_k
         sinh_a = _sinh(a_q)
-        c, chord, d2, a_k = _scores_block(a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, offs_n, mask_n, sqrt_k, k_val,
-                                          D, BLOCK_M, BLOCK_N)
+        c, chord, d2, a_k = _scores_block(
+            a_q, sinh_a, UQ, offs_m, mask_m, RK, UK, offs_n, mask_n, sqrt_k, k_val, D, BLOCK_M, BLOCK_N
+        )
         m_i = tl.load(STATS + offs_m, mask=mask_m, other=0.0)
         l_i = tl.load(STATS + rows + offs_m, mask=mask_m, other=1.0)
         p = tl.where(valid, tl.exp(-scale * d2 - m_i[:, None]) / l_i[:, None], 0.0)
@@ -208,21 +274,65 @@ if TRITON_AVAILABLE:
         g_e = tl.load(GE + offs_m, mask=mask_m, other=0.0)  # g_S = g_E (Eq. 22)
         g_v = tl.load(GV + offs_m[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :], other=0.0)
         gv_dot = tl.dot(g_v, tl.trans(uv), input_precision="ieee")
-        g_p = (g_t[:, None] * cosh_b[None, :] + gv_dot * sinh_b[None, :] + g_e[:, None] * exp_b[None, :]
-               + g_e[:, None] * sinh_b[None, :] * chord_v)
+        g_p = (
+            g_t[:, None] * cosh_b[None, :]
+            + gv_dot * sinh_b[None, :]
+            + g_e[:, None] * exp_b[None, :]
+            + g_e[:, None] * sinh_b[None, :] * chord_v
+        )
         row_dot = tl.load(ROWDOT + offs_m, mask=mask_m, other=0.0)
         g_score = p * (g_p - row_dot[:, None])
         ratio = _asinhc_half(c) / tl.sqrt(1.0 + 0.5 * c)  # D / sinh D
         g_c = tl.where(valid, -scale * g_score * 2.0 * k_val * ratio, 0.0)
-        return p, g_p, g_score, g_c, chord, d2, a_q, sinh_a, a_k, uv, gv_dot, chord_v, sinh_b, cosh_b, exp_b, \
-            g_t, g_e, g_v
+        return (
+            p,
+            g_p,
+            g_score,
+            g_c,
+            chord,
+            d2,
+            a_q,
+            sinh_a,
+            a_k,
+            uv,
+            gv_dot,
+            chord_v,
+            sinh_b,
+            cosh_b,
+            exp_b,
+            g_t,
+            g_e,
+            g_v,
+        )
 
     @triton.jit(do_not_specialize=["n_q", "n_k"])
     def _polar_attention_bwd_q(
-        RQ, UQ, RK, UK, RV, UV, KBAR, SCALE, STATS, UHAT, GT, GE, GV, ROWDOT,
-        GAQ, GUQ, GSCALE,
-        n_q, n_k, heads, sqrt_k, k_val,
-        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        RQ,
+        UQ,
+        RK,
+        UK,
+        RV,
+        UV,
+        KBAR,
+        SCALE,
+        STATS,
+        UHAT,
+        GT,
+        GE,
+        GV,
+        ROWDOT,
+        GAQ,
+        GUQ,
+        GSCALE,
+        n_q,
+        n_k,
+        heads,
+        sqrt_k,
+        k_val,
+        D: tl.constexpr,
+        D_PAD: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
     ):
         bh = tl.program_id(0).to(tl.int64)
         pid_m = tl.program_id(1)
@@ -231,17 +341,48 @@ if TRITON_AVAILABLE:
         offs_d = tl.arange(0, D_PAD)
         mask_m, mask_d = offs_m < n_q, offs_d < D
         rows = tl.num_programs(0).to(tl.int64) * n_q
-        RQ, UQ, UHAT, STATS, GT, GE, GV, ROWDOT = (RQ + bh * n_q, UQ + bh * n_q * D, UHAT + bh * n_q * D,
-                                                    STATS + bh * n_q, GT + bh * n_q, GE + bh * n_q,
-                                                    GV + bh * n_q * D, ROWDOT + bh * n_q)
+        RQ, UQ, UHAT, STATS, GT, GE, GV, ROWDOT = (
+            RQ + bh * n_q,
+            UQ + bh * n_q * D,
+            UHAT + bh * n_q * D,
+            STATS + bh * n_q,
+            GT + bh * n_q,
+            GE + bh * n_q,
+            GV + bh * n_q * D,
+            ROWDOT + bh * n_q,
+        )
         RK, UK, RV, UV, KBAR = RK + bh * n_k, UK + bh * n_k * D, RV + bh * n_k, UV + bh * n_k * D, KBAR + bh * D
         # pass 1: the softmax row constant sum_j p_ij dL/dp_ij from the very values pass 2 uses
         row_dot = tl.zeros((BLOCK_M,), tl.float32)
         for start in range(0, n_k, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            tile = _tile_backward(RQ, UQ, RK, UK, RV, UV, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m, mask_m,
-                                  offs_n, offs_n < n_k, offs_d, mask_d, rows, scale, sqrt_k, k_val, D,
-                                  BLOCK_M, BLOCK_N)
+            tile = _tile_backward(
+                RQ,
+                UQ,
+                RK,
+                UK,
+                RV,
+                UV,
+                UHAT,
+                STATS,
+                GT,
+                GE,
+                GV,
+                ROWDOT,
+                offs_m,
+                mask_m,
+                offs_n,
+                offs_n < n_k,
+                offs_d,
+                mask_d,
+                rows,
+                scale,
+                sqrt_k,
+                k_val,
+                D,
+                BLOCK_M,
+                BLOCK_N,
+            )
             row_dot += tl.sum(tile[0] * tile[1], axis=1)
         tl.store(ROWDOT + offs_m, row_dot, mask=mask_m)
         tl.debug_barrier()
@@ -254,29 +395,98 @@ if TRITON_AVAILABLE:
         for start in range(0, n_k, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < n_k
-            p, g_p, g_score, g_c, chord, d2, a_q, sinh_a, a_k, uv, gv_dot, chord_v, sinh_b, cosh_b, exp_b, \
-                g_t, g_e, g_v = _tile_backward(RQ, UQ, RK, UK, RV, UV, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m,
-                                               mask_m, offs_n, mask_n, offs_d, mask_d, rows, scale, sqrt_k,
-                                               k_val, D, BLOCK_M, BLOCK_N)
+            (
+                p,
+                g_p,
+                g_score,
+                g_c,
+                chord,
+                d2,
+                a_q,
+                sinh_a,
+                a_k,
+                uv,
+                gv_dot,
+                chord_v,
+                sinh_b,
+                cosh_b,
+                exp_b,
+                g_t,
+                g_e,
+                g_v,
+            ) = _tile_backward(
+                RQ,
+                UQ,
+                RK,
+                UK,
+                RV,
+                UV,
+                UHAT,
+                STATS,
+                GT,
+                GE,
+                GV,
+                ROWDOT,
+                offs_m,
+                mask_m,
+                offs_n,
+                mask_n,
+                offs_d,
+                mask_d,
+                rows,
+                scale,
+                sqrt_k,
+                k_val,
+                D,
+                BLOCK_M,
+                BLOCK_N,
+            )
             g_scale += tl.sum(g_score * d2, axis=1)
             sinh_bk = _sinh(a_k)
-            g_a += tl.sum(g_c * (_sinh(a_q[:, None] - a_k[None, :]) + _cosh(a_q)[:, None] * sinh_bk[None, :] * chord),
-                          axis=1)
+            g_a += tl.sum(
+                g_c * (_sinh(a_q[:, None] - a_k[None, :]) + _cosh(a_q)[:, None] * sinh_bk[None, :] * chord), axis=1
+            )
             g_chord = g_c * sinh_a[:, None] * sinh_bk[None, :]
             uk = tl.load(UK + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
             qk = tl.where(mask_d[None, :], uk - kbar[None, :], 0.0)
             g_u += pq * tl.sum(g_chord, axis=1)[:, None] - tl.dot(g_chord, qk, input_precision="ieee")
         tl.store(GAQ + bh * n_q + offs_m, g_a / sqrt_k, mask=mask_m)  # outputs: offset here
-        tl.store(GUQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], g_u,
-                 mask=mask_m[:, None] & mask_d[None, :])
+        tl.store(
+            GUQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], g_u, mask=mask_m[:, None] & mask_d[None, :]
+        )
         tl.store(GSCALE + bh * n_q + offs_m, -g_scale, mask=mask_m)
 
     @triton.jit(do_not_specialize=["n_q", "n_k"])
     def _polar_attention_bwd_kv(
-        RQ, UQ, RK, UK, RV, UV, KBAR, VBAR, SCALE, STATS, UHAT, GT, GE, GV, ROWDOT,
-        GAK, GUK, GBV, GUV,
-        n_q, n_k, heads, sqrt_k, k_val,
-        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr,
+        RQ,
+        UQ,
+        RK,
+        UK,
+        RV,
+        UV,
+        KBAR,
+        VBAR,
+        SCALE,
+        STATS,
+        UHAT,
+        GT,
+        GE,
+        GV,
+        ROWDOT,
+        GAK,
+        GUK,
+        GBV,
+        GUV,
+        n_q,
+        n_k,
+        heads,
+        sqrt_k,
+        k_val,
+        D: tl.constexpr,
+        D_PAD: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        PART: tl.constexpr,
     ):
         # PART 0: key and value gradients; 1: keys only; 2: values only (wide heads: two launches,
         # each with half the head-wide accumulators live, so that nothing spills)
@@ -287,9 +497,16 @@ if TRITON_AVAILABLE:
         offs_d = tl.arange(0, D_PAD)
         mask_n, mask_d = offs_n < n_k, offs_d < D
         rows = tl.num_programs(0).to(tl.int64) * n_q
-        RQ, UQ, UHAT, STATS, GT, GE, GV, ROWDOT = (RQ + bh * n_q, UQ + bh * n_q * D, UHAT + bh * n_q * D,
-                                                    STATS + bh * n_q, GT + bh * n_q, GE + bh * n_q,
-                                                    GV + bh * n_q * D, ROWDOT + bh * n_q)
+        RQ, UQ, UHAT, STATS, GT, GE, GV, ROWDOT = (
+            RQ + bh * n_q,
+            UQ + bh * n_q * D,
+            UHAT + bh * n_q * D,
+            STATS + bh * n_q,
+            GT + bh * n_q,
+            GE + bh * n_q,
+            GV + bh * n_q * D,
+            ROWDOT + bh * n_q,
+        )
         RK, UK, RV, UV, KBAR = RK + bh * n_k, UK + bh * n_k * D, RV + bh * n_k, UV + bh * n_k * D, KBAR + bh * D
         kbar = tl.load(KBAR + offs_d, mask=mask_d, other=0.0)
         vbar = tl.load(VBAR + bh * D + offs_d, mask=mask_d, other=0.0)
@@ -301,28 +518,82 @@ if TRITON_AVAILABLE:
             offs_m = start + tl.arange(0, BLOCK_M)
             mask_m = offs_m < n_q
             mask2d = mask_m[:, None] & mask_d[None, :]
-            p, g_p, g_score, g_c, chord, d2, a_q, sinh_a, a_k, uv, gv_dot, chord_v, sinh_b, cosh_b, exp_b, \
-                g_t, g_e, g_v = _tile_backward(RQ, UQ, RK, UK, RV, UV, UHAT, STATS, GT, GE, GV, ROWDOT, offs_m,
-                                               mask_m, offs_n, mask_n, offs_d, mask_d, rows, scale, sqrt_k, k_val,
-                                               D, BLOCK_M, BLOCK_N)
+            (
+                p,
+                g_p,
+                g_score,
+                g_c,
+                chord,
+                d2,
+                a_q,
+                sinh_a,
+                a_k,
+                uv,
+                gv_dot,
+                chord_v,
+                sinh_b,
+                cosh_b,
+                exp_b,
+                g_t,
+                g_e,
+                g_v,
+            ) = _tile_backward(
+                RQ,
+                UQ,
+                RK,
+                UK,
+                RV,
+                UV,
+                UHAT,
+                STATS,
+                GT,
+                GE,
+                GV,
+                ROWDOT,
+                offs_m,
+                mask_m,
+                offs_n,
+                mask_n,
+                offs_d,
+                mask_d,
+                rows,
+                scale,
+                sqrt_k,
+                k_val,
+                D,
+                BLOCK_M,
+                BLOCK_N,
+            )
             if PART != 1:
-                g_bv += tl.sum(p * (g_t[:, None] * sinh_b[None, :] + gv_dot * cosh_b[None, :]
-                                    - g_e[:, None] * exp_b[None, :] + g_e[:, None] * cosh_b[None, :] * chord_v),
-                               axis=0)
+                g_bv += tl.sum(
+                    p
+                    * (
+                        g_t[:, None] * sinh_b[None, :]
+                        + gv_dot * cosh_b[None, :]
+                        - g_e[:, None] * exp_b[None, :]
+                        + g_e[:, None] * cosh_b[None, :] * chord_v
+                    ),
+                    axis=0,
+                )
                 u_hat = tl.load(UHAT + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
                 ph = tl.where(mask_d[None, :], u_hat - vbar[None, :], 0.0)
                 qv = tl.where(mask_d[None, :], uv - vbar[None, :], 0.0)
                 w_s = p * g_e[:, None] * sinh_b[None, :]
-                g_uv += (tl.dot(tl.trans(p * sinh_b[None, :]), g_v, input_precision="ieee")
-                         + qv * tl.sum(w_s, axis=0)[:, None] - tl.dot(tl.trans(w_s), ph, input_precision="ieee"))
+                g_uv += (
+                    tl.dot(tl.trans(p * sinh_b[None, :]), g_v, input_precision="ieee")
+                    + qv * tl.sum(w_s, axis=0)[:, None]
+                    - tl.dot(tl.trans(w_s), ph, input_precision="ieee")
+                )
             if PART != 2:
                 uq = tl.load(UQ + offs_m[:, None] * D + offs_d[None, :], mask=mask2d, other=0.0)
                 pq = tl.where(mask_d[None, :], uq - kbar[None, :], 0.0)
-                g_ak += tl.sum(g_c * (_sinh(a_k[None, :] - a_q[:, None])
-                                      + sinh_a[:, None] * _cosh(a_k)[None, :] * chord), axis=0)
+                g_ak += tl.sum(
+                    g_c * (_sinh(a_k[None, :] - a_q[:, None]) + sinh_a[:, None] * _cosh(a_k)[None, :] * chord), axis=0
+                )
                 g_chord = g_c * sinh_a[:, None] * _sinh(a_k)[None, :]
-                uk = tl.load(UK + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :],
-                             other=0.0)
+                uk = tl.load(
+                    UK + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0
+                )
                 qk = tl.where(mask_d[None, :], uk - kbar[None, :], 0.0)
                 g_uk += qk * tl.sum(g_chord, axis=0)[:, None] - tl.dot(tl.trans(g_chord), pq, input_precision="ieee")
         col2d = offs_n[:, None] * D + offs_d[None, :]
@@ -341,7 +612,7 @@ if TRITON_AVAILABLE:
 # so its operands are registers).  From ``SPLIT_KV_FROM`` on, the key and the value gradients are
 # two launches of the dk/dv kernel (``PART`` 1 and 2).
 LAUNCH_CONFIGS: dict[str, dict[int, tuple[int, int, int, int]]] = {
-    "fwd": {16: (64, 32, 8, 1), 32: (64, 32, 8, 1), 64: (32, 64, 8, 1), 128: (32, 16, 8, 1)},
+    "fwd": {16: (64, 32, 8, 1), 32: (64, 16, 8, 1), 64: (32, 16, 8, 1), 128: (16, 32, 8, 1)},
     "bwd_q": {16: (32, 32, 8, 1), 32: (32, 32, 8, 1), 64: (32, 16, 8, 1), 128: (32, 16, 8, 1)},
     "bwd_kv": {16: (32, 32, 8, 1), 32: (16, 32, 8, 1), 64: (32, 16, 8, 1), 128: (16, 32, 8, 1)},
 }
@@ -359,8 +630,9 @@ def kv_parts(head_dim: int) -> tuple[int, ...]:
     return (1, 2) if padded_head_dim(head_dim) >= SPLIT_KV_FROM else (0,)
 
 
-def launch_config(kernel: str, head_dim: int, block_m: int | None = None, block_n: int | None = None
-                  ) -> dict[str, int]:
+def launch_config(
+    kernel: str, head_dim: int, block_m: int | None = None, block_n: int | None = None
+) -> dict[str, int]:
     """``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` of ``kernel`` (``fwd``, ``bwd_q``, ``bwd_kv``).
 
     Defaults from :data:`LAUNCH_CONFIGS` (the widest tabulated width for wider heads); user block
@@ -388,25 +660,42 @@ class _TritonPolarAttention(torch.autograd.Function):
         scale32 = scale.float().contiguous()
         r_out = torch.empty_like(flat[0])
         u_out = torch.empty_like(flat[1])
-        stats = torch.empty(6, batch * heads, n_q, dtype=torch.float32, device=uq.device)
+        vc_out = torch.empty_like(flat[1])
+        stats = torch.empty(7, batch * heads, n_q, dtype=torch.float32, device=uq.device)
         cfg = launch_config("fwd", dim, block_m, block_n)
         with _on_device(uq.device):
             _polar_attention_fwd[(batch * heads, triton.cdiv(n_q, cfg["BLOCK_M"]))](
-                *flat, scale32, r_out, u_out, stats, n_q, n_k, heads, math.sqrt(k), float(k), D=dim,
-                D_PAD=padded_head_dim(dim), **cfg)
-        ctx.save_for_backward(*flat, kbar, vbar, scale32, stats, r_out, u_out)
+                *flat,
+                vbar,
+                scale32,
+                r_out,
+                u_out,
+                vc_out,
+                stats,
+                n_q,
+                n_k,
+                heads,
+                math.sqrt(k),
+                float(k),
+                D=dim,
+                D_PAD=padded_head_dim(dim),
+                **cfg,
+            )
+        ctx.save_for_backward(*flat, kbar, vbar, scale32, stats, r_out, u_out, vc_out)
         ctx.meta = (batch, heads, n_q, n_k, dim, float(k), block_m, block_n, rq.dtype, scale.dtype)
         shape_r, shape_u = (batch, heads, n_q), (batch, heads, n_q, dim)
         return r_out.view(shape_r).to(rq.dtype), u_out.view(shape_u).to(uq.dtype)
 
     @staticmethod
+    @first_order
     def backward(ctx, grad_r, grad_u):  # noqa: D102
-        rq, uq, rk, uk, rv, uv, kbar, vbar, scale, stats, r_out, u_out = ctx.saved_tensors
+        rq, uq, rk, uk, rv, uv, kbar, vbar, scale, stats, r_out, u_out, vc_out = ctx.saved_tensors
         batch, heads, n_q, n_k, dim, k, block_m, block_n, dtype, scale_dtype = ctx.meta
         sk = math.sqrt(k)
         grad_r = grad_r.reshape(batch * heads, n_q).float()
         grad_u = grad_u.reshape(batch * heads, n_q, dim).float()
-        g_t, g_e, _, g_v, row_dot = row_gradients(grad_r, grad_u, stats, r_out / sk, u_out, k)
+        values = CentredValues(stats[6], vc_out, vbar.unsqueeze(1))
+        g_t, g_e, _, g_v, row_dot = row_gradients(grad_r, grad_u, stats[:6], r_out / sk, u_out, values, k)
         g_t, g_e, g_v, row_dot = (t.contiguous() for t in (g_t, g_e, g_v, row_dot))
         g_aq, g_uq = torch.empty_like(rq), torch.empty_like(uq)
         g_scale_rows = torch.empty_like(rq)
@@ -417,17 +706,29 @@ class _TritonPolarAttention(torch.autograd.Function):
         cfg_q, cfg_kv = launch_config("bwd_q", dim, block_m, block_n), launch_config("bwd_kv", dim, block_m, block_n)
         with _on_device(uq.device):
             _polar_attention_bwd_q[(batch * heads, triton.cdiv(n_q, cfg_q["BLOCK_M"]))](
-                *rows, *tail, g_aq, g_uq, g_scale_rows, n_q, n_k, heads, sk, k, **sizes, **cfg_q)
+                *rows, *tail, g_aq, g_uq, g_scale_rows, n_q, n_k, heads, sk, k, **sizes, **cfg_q
+            )
             for part in kv_parts(dim):
                 _polar_attention_bwd_kv[(batch * heads, triton.cdiv(n_k, cfg_kv["BLOCK_N"]))](
-                    *rows, vbar, *tail, g_ak, g_uk, g_bv, g_uv, n_q, n_k, heads, sk, k, **sizes, **cfg_kv, PART=part)
+                    *rows, vbar, *tail, g_ak, g_uk, g_bv, g_uv, n_q, n_k, heads, sk, k, **sizes, **cfg_kv, PART=part
+                )
         g_scale = g_scale_rows.view(batch, heads, n_q).sum(dim=(0, 2))
 
         def back(t, *shape):
             return t.view(batch, heads, *shape).to(dtype)
 
-        return (back(g_aq, n_q), back(g_uq, n_q, dim), back(g_ak, n_k), back(g_uk, n_k, dim), back(g_bv, n_k),
-                back(g_uv, n_k, dim), g_scale.to(scale_dtype), None, None, None)
+        return (
+            back(g_aq, n_q),
+            back(g_uq, n_q, dim),
+            back(g_ak, n_k),
+            back(g_uk, n_k, dim),
+            back(g_bv, n_k),
+            back(g_uv, n_k, dim),
+            g_scale.to(scale_dtype),
+            None,
+            None,
+            None,
+        )
 
 
 def _on_device(device: torch.device):
@@ -438,8 +739,16 @@ def _on_device(device: torch.device):
 
 
 def triton_polar_attention(
-    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor, k: float = 1.0,
-    block_m: int | None = None, block_n: int | None = None,
+    rq: Tensor,
+    uq: Tensor,
+    rk: Tensor,
+    uk: Tensor,
+    rv: Tensor,
+    uv: Tensor,
+    scale: Tensor,
+    k: float = 1.0,
+    block_m: int | None = None,
+    block_n: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Fused polar attention (float32 kernels); ``scale`` is an ``(H,)`` tensor."""
     if not TRITON_AVAILABLE:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .cpu_kernels import transforms_active
 from .runtime import runtime_options, set_runtime_options, use_runtime_options
 from .spherical import icosphere_patches
 
@@ -62,12 +63,14 @@ def _sqrt_k(k: Curvature) -> Curvature:
 
 
 def _values_checkable(t: Tensor) -> bool:
-    """Value checks are cheap only for CPU tensors outside of compilation and tracing."""
+    """Value checks are cheap only for CPU tensors outside of compilation and tracing, and possible only outside
+    ``torch.func`` transforms (a check is data-dependent control flow, which ``vmap`` refuses)."""
     return (
         runtime_options().input_checks
         and t.device.type == "cpu"
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
+        and not transforms_active()
     )
 
 
@@ -116,8 +119,12 @@ def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> N
     spherical_input = config.is_spherical
     layout = "(batch, channels, vertices)" if spherical_input else "(batch, channels, height, width)"
     if pixel_values.dim() != (3 if spherical_input else 4):
-        raise ValueError(f"pixel_values must have shape {layout}, got {tuple(pixel_values.shape)}"
-                         + ("; resample images with PolarViTSphericalImageProcessor" if spherical_input else ""))
+        raise ValueError(
+            f"pixel_values must have shape {layout}, got {tuple(pixel_values.shape)}"
+            + ("; resample images with PolarViTSphericalImageProcessor" if spherical_input else "")
+        )
+    if pixel_values.shape[0] == 0:
+        raise ValueError(f"pixel_values is an empty batch (shape {tuple(pixel_values.shape)}): pass one image or more")
     if pixel_values.shape[1] != config.num_channels:
         raise ValueError(
             f"pixel_values has {pixel_values.shape[1]} channels but the model expects "
@@ -133,7 +140,7 @@ def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> N
         height, width = pixel_values.shape[-2:]
         if height % config.patch_size or width % config.patch_size:
             raise ValueError(f"image size {height}x{width} is not a multiple of patch_size={config.patch_size}")
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or transforms_active():  # value scans are data-dependent: vmap refuses them
         return
     if not torch.isfinite(pixel_values).all():
         raise ValueError("pixel_values contains NaN or Inf values")
@@ -155,5 +162,3 @@ def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> N
             f"overflows near 88). Rescale and normalise the images first, e.g. with {processor} "
             f"(do_rescale=True, do_normalize=True), so pixel values are of order 1"
         )
-
-

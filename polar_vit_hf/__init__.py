@@ -28,12 +28,11 @@ from .modeling import (
     PolarViTSphericalModel,
     __all__ as _modeling_all,
 )
+from .version import __version__
 
 # the re-export modules replace the star-imported ``modeling.geometry`` / ``modeling.attention``
 geometry = importlib.import_module(f"{__name__}.geometry")
 attention = importlib.import_module(f"{__name__}.attention")
-
-__version__ = "0.1.0"
 
 
 def _register() -> None:
@@ -43,8 +42,12 @@ def _register() -> None:
     backend = "torchvision" if is_torchvision_available() else "pil"
     for config, model, classifier, processor in (
         (PolarViTConfig, PolarViTModel, PolarViTForImageClassification, PolarViTImageProcessor),
-        (PolarViTSphericalConfig, PolarViTSphericalModel, PolarViTSphericalForImageClassification,
-         PolarViTSphericalImageProcessor),
+        (
+            PolarViTSphericalConfig,
+            PolarViTSphericalModel,
+            PolarViTSphericalForImageClassification,
+            PolarViTSphericalImageProcessor,
+        ),
     ):
         AutoConfig.register(config.model_type, config, exist_ok=True)
         AutoModel.register(config, model, exist_ok=True)

@@ -38,8 +38,15 @@ def euclidean_vit(config: PolarViTConfig) -> ViTForImageClassification:
     return ViTForImageClassification(euclidean_vit_config(config))
 
 
-def so3_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                       so3_rope: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+def so3_sdpa_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    so3_rope: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
     """SO(3)-RoPE (Eq. 2) then transformers' SDPA attention: queries and keys ``(B, H, N, d)`` multiplied by
     ``so3_rope (N, m, m)`` on their first ``m`` axes, so ``q^T pi(U)^T pi(V) k = q^T pi(U^{-1} V) k`` (Eq. 3)."""
     if so3_rope is not None:
@@ -62,12 +69,16 @@ class SphericalViTForImageClassification(ViTPreTrainedModel):
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__(config)
-        features = patch_features(config.num_channels, config.icosphere_level, config.patch_level,
-                                  config.longitude_encoding)
+        features = patch_features(
+            config.num_channels, config.icosphere_level, config.patch_level, config.longitude_encoding
+        )
         self.patch_embeddings = nn.Linear(features, config.hidden_size)
         tokens = 60 * 4**config.patch_level
-        self.position_embeddings = (nn.Parameter(torch.zeros(1, tokens, config.hidden_size))
-                                    if config.position_embedding == "learned" else None)
+        self.position_embeddings = (
+            nn.Parameter(torch.zeros(1, tokens, config.hidden_size))
+            if config.position_embedding == "learned"
+            else None
+        )
         self.layers = nn.ModuleList([ViTLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.classifier = nn.Linear(config.hidden_size, cast(int, config.num_labels))
@@ -83,8 +94,12 @@ class SphericalViTForImageClassification(ViTPreTrainedModel):
 
     def forward(self, pixel_values: Tensor, labels: Tensor | None = None, **kwargs: Any) -> ImageClassifierOutput:
         config = self.config
-        patches = lift_patches(pixel_values.to(self.classifier.weight.dtype), config.icosphere_level,
-                               config.patch_level, config.longitude_encoding)
+        patches = lift_patches(
+            pixel_values.to(self.classifier.weight.dtype),
+            config.icosphere_level,
+            config.patch_level,
+            config.longitude_encoding,
+        )
         hidden = self.patch_embeddings(patches)
         if self.position_embeddings is not None:
             hidden = hidden + self.position_embeddings

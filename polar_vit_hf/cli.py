@@ -59,8 +59,9 @@ def user_message(error: UserError) -> str:
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """The ``--debug`` option every command has."""
-    parser.add_argument("--debug", action="store_true",
-                        help=f"show the traceback of user errors too (or set {DEBUG_ENV}=1)")
+    parser.add_argument(
+        "--debug", action="store_true", help=f"show the traceback of user errors too (or set {DEBUG_ENV}=1)"
+    )
 
 
 __all__ = ["DEBUG_ENV", "USER_ERROR_STATUS", "UserError", "add_debug_flag", "command", "debug_requested"]

@@ -24,7 +24,7 @@ PAPER_REFERENCE = {
     "base-cifar": "see Table 1 of the paper (ViT-Base sizes on CIFAR-100).",
     "tiny": "Polar-ViT-Tiny 71.68 % top-1 on ImageNet-1k (Table 2).",
     "small": "Polar-ViT-Small 77.79 % top-1 on ImageNet-1k; fine-tuned 81.61 % on CUB-200-2011 and "
-             "80.03 % on FGVC-Aircraft (Tables 2, 3).",
+    "80.03 % on FGVC-Aircraft (Tables 2, 3).",
 }
 
 
@@ -49,9 +49,16 @@ def detect_preset(config: PolarViTConfig) -> str:
     return "custom"
 
 
-def render_model_card(model: PolarViTForImageClassification, repo_id: str, results: list[Result], training_summary: str,
-                      datasets: list[str] | None = None, license: str = "apache-2.0", base_model: str | None = None,
-                      base_model_revision: str | None = None) -> ModelCard:
+def render_model_card(
+    model: PolarViTForImageClassification,
+    repo_id: str,
+    results: list[Result],
+    training_summary: str,
+    datasets: list[str] | None = None,
+    license: str = "apache-2.0",
+    base_model: str | None = None,
+    base_model_revision: str | None = None,
+) -> ModelCard:
     """The card of ``model`` (a ``PolarViTForImageClassification``) for the Hub repository ``repo_id``;
     ``base_model`` (a Hub id, with its ``revision``) names the checkpoint a fine-tuned model started from."""
     config = model.config
@@ -63,9 +70,16 @@ def render_model_card(model: PolarViTForImageClassification, repo_id: str, resul
     for r in results:
         for metric, value in (("accuracy", r.top1), ("top_5_accuracy", r.top5)):
             if value is not None:
-                eval_results.append(EvalResult(task_type="image-classification", dataset_type=r.dataset,
-                                               dataset_name=r.dataset, dataset_split=r.split, metric_type=metric,
-                                               metric_value=round(float(value), 6)))
+                eval_results.append(
+                    EvalResult(
+                        task_type="image-classification",
+                        dataset_type=r.dataset,
+                        dataset_name=r.dataset,
+                        dataset_split=r.split,
+                        metric_type=metric,
+                        metric_value=round(float(value), 6),
+                    )
+                )
     card_data = ModelCardData(
         library_name="transformers",
         pipeline_tag="image-classification",

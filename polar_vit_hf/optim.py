@@ -112,13 +112,29 @@ class RiemannianAdamW(torch.optim.Optimizer):
     of zero.  Other keys (such as ``names``) are kept and ignored.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, decoupled_wd: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decoupled_wd: bool = False,
+    ) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"invalid RiemannianAdamW hyper-parameters lr={lr} betas={betas} eps={eps} "
-                             f"weight_decay={weight_decay}")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled_wd=bool(decoupled_wd),
-                        manifold=False, k=1.0, decay_to=None)
+            raise ValueError(
+                f"invalid RiemannianAdamW hyper-parameters lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}"
+            )
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            decoupled_wd=bool(decoupled_wd),
+            manifold=False,
+            k=1.0,
+            decay_to=None,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()

@@ -39,11 +39,27 @@ def digits_run(tmp_path_factory):
     """A short pretraining run on the shipped digits data (4 steps), shared by the export and Hub tests."""
     import subprocess
     import sys
+
     out = tmp_path_factory.mktemp("digits-run")
-    command = [sys.executable, "-m", "polar_vit_hf.training.pretrain", "--output_dir", str(out), "--max_steps", "4",
-               "--save_steps", "4", "--eval_steps", "4", "--batch_size", "16", "--no_progress"]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          timeout=600)
+    command = [
+        sys.executable,
+        "-m",
+        "polar_vit_hf.training.pretrain",
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "4",
+        "--save_steps",
+        "4",
+        "--eval_steps",
+        "4",
+        "--batch_size",
+        "16",
+        "--no_progress",
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 

@@ -55,9 +55,28 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import yaml
 
-GITATTRIBUTES = "\n".join(f"{pattern} filter=lfs diff=lfs merge=lfs -text" for pattern in (
-    "*.bin", "*.ckpt", "*.h5", "*.msgpack", "*.npy", "*.npz", "*.onnx", "*.pkl", "*.pt", "*.pth",
-    "*.safetensors", "*.tar.gz", "*.zip", "*tfevents*")) + "\n"
+GITATTRIBUTES = (
+    "\n".join(
+        f"{pattern} filter=lfs diff=lfs merge=lfs -text"
+        for pattern in (
+            "*.bin",
+            "*.ckpt",
+            "*.h5",
+            "*.msgpack",
+            "*.npy",
+            "*.npz",
+            "*.onnx",
+            "*.pkl",
+            "*.pt",
+            "*.pth",
+            "*.safetensors",
+            "*.tar.gz",
+            "*.zip",
+            "*tfevents*",
+        )
+    )
+    + "\n"
+)
 LFS_SIZE_THRESHOLD = 10 * 1024 * 1024  # the Hub stores files from 10 MiB in LFS
 TEST_USER, TEST_TOKEN = "polar-user", "hf_local_test_token"  # the user the test suite's hub knows
 
@@ -110,8 +129,14 @@ class Repo:
 
 
 class HubError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, commit: str | None = None,
-                 payload: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        commit: str | None = None,
+        payload: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.commit = status, message, code, commit
         self.payload = payload or {}
@@ -161,10 +186,19 @@ class LocalHub:
 
     def client_env(self, hf_home: str | os.PathLike, token: str | None = None) -> dict[str, str]:
         """Environment for a client subprocess: this endpoint, a fresh cache, online, no Xet."""
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN")}
-        env.update(HF_ENDPOINT=self.endpoint, HF_HOME=str(hf_home), HF_HUB_DISABLE_XET="1",
-                   HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_ETAG_TIMEOUT="30", HF_HUB_DOWNLOAD_TIMEOUT="60")
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN")
+        }
+        env.update(
+            HF_ENDPOINT=self.endpoint,
+            HF_HOME=str(hf_home),
+            HF_HUB_DISABLE_XET="1",
+            HF_HUB_DISABLE_TELEMETRY="1",
+            HF_HUB_ETAG_TIMEOUT="30",
+            HF_HUB_DOWNLOAD_TIMEOUT="60",
+        )
         if token is not None:
             env["HF_TOKEN"] = token
         return env
@@ -189,16 +223,20 @@ class LocalHub:
             raise HubError(403, f"You don't have the rights to write to {repo_id}")
         return repo
 
-    def commit(self, repo: Repo, branch: str, title: str, files: dict[str, StoredFile],
-               parent: str | None = None) -> Commit:
+    def commit(
+        self, repo: Repo, branch: str, title: str, files: dict[str, StoredFile], parent: str | None = None
+    ) -> Commit:
         head = repo.branches.get(branch)
         if head is None:
             raise HubError(404, f"Invalid rev id: {branch}", "RevisionNotFound")
         if parent is not None and parent != head:
             raise HubError(412, f"A commit has happened since {parent}; the branch head is now {head}")
         date = now()
-        digest = hashlib.sha1(json.dumps([repo.repo_id, head, title, date, len(repo.commits),
-                                          sorted((p, f.etag) for p, f in files.items())]).encode())
+        digest = hashlib.sha1(
+            json.dumps(
+                [repo.repo_id, head, title, date, len(repo.commits), sorted((p, f.etag) for p, f in files.items())]
+            ).encode()
+        )
         commit = Commit(digest.hexdigest(), title, date, files)
         repo.commits[commit.oid] = commit
         repo.branches[branch] = commit.oid
@@ -215,9 +253,12 @@ class LocalHub:
             raise HubError(409, "You already created this model repo", payload={"url": f"{self.endpoint}/{repo_id}"})
         repo = Repo(repo_id, private, now())
         self.repos[repo_id] = repo
-        initial = Commit(hashlib.sha1(f"{repo_id} initial {repo.created_at}".encode()).hexdigest(),
-                         "initial commit", repo.created_at,
-                         {".gitattributes": StoredFile(len(GITATTRIBUTES), GITATTRIBUTES.encode())})
+        initial = Commit(
+            hashlib.sha1(f"{repo_id} initial {repo.created_at}".encode()).hexdigest(),
+            "initial commit",
+            repo.created_at,
+            {".gitattributes": StoredFile(len(GITATTRIBUTES), GITATTRIBUTES.encode())},
+        )
         repo.commits[initial.oid] = initial
         repo.branches["main"] = initial.oid
         return repo
@@ -225,8 +266,11 @@ class LocalHub:
     def upload_mode(self, commit: Commit, path: str, size: int, sample: bytes) -> str:
         """``lfs`` for paths the repo's .gitattributes sends to LFS, large files and binary samples."""
         attributes = commit.files.get(".gitattributes")
-        patterns = [line.split()[0] for line in (attributes.content.decode() if attributes else "").splitlines()
-                    if "filter=lfs" in line]
+        patterns = [
+            line.split()[0]
+            for line in (attributes.content.decode() if attributes else "").splitlines()
+            if "filter=lfs" in line
+        ]
         name = path.rsplit("/", 1)[-1]
         matches = any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(path, p) for p in patterns)
         return "lfs" if matches or size >= LFS_SIZE_THRESHOLD or b"\0" in sample else "regular"
@@ -240,15 +284,29 @@ class LocalHub:
             if blobs:
                 sibling.update(size=stored.size, blobId=stored.blob_oid)
                 if stored.sha256:
-                    sibling["lfs"] = {"sha256": stored.sha256, "size": stored.size,
-                                      "pointerSize": len(lfs_pointer(stored.sha256, stored.size))}
+                    sibling["lfs"] = {
+                        "sha256": stored.sha256,
+                        "size": stored.size,
+                        "pointerSize": len(lfs_pointer(stored.sha256, stored.size)),
+                    }
             siblings.append(sibling)
         return {
-            "_id": repo.repo_id, "id": repo.repo_id, "modelId": repo.repo_id, "author": repo.repo_id.split("/")[0],
-            "sha": commit.oid, "lastModified": commit.date, "createdAt": repo.created_at,
-            "private": repo.private, "gated": False, "disabled": False, "downloads": 0, "likes": 0,
-            "library_name": card.get("library_name"), "pipeline_tag": card.get("pipeline_tag"),
-            "tags": list(card.get("tags") or []), "cardData": card or None,
+            "_id": repo.repo_id,
+            "id": repo.repo_id,
+            "modelId": repo.repo_id,
+            "author": repo.repo_id.split("/")[0],
+            "sha": commit.oid,
+            "lastModified": commit.date,
+            "createdAt": repo.created_at,
+            "private": repo.private,
+            "gated": False,
+            "disabled": False,
+            "downloads": 0,
+            "likes": 0,
+            "library_name": card.get("library_name"),
+            "pipeline_tag": card.get("pipeline_tag"),
+            "tags": list(card.get("tags") or []),
+            "cardData": card or None,
             "config": json.loads(config.content) if config is not None else None,
             "siblings": siblings,
         }
@@ -259,18 +317,28 @@ class LocalHub:
         for path, stored in sorted(commit.files.items()):
             if prefix and not path.startswith(prefix + "/"):
                 continue
-            rest = path[len(prefix) + 1:] if prefix else path
+            rest = path[len(prefix) + 1 :] if prefix else path
             parts = rest.split("/")
             for depth in range(1, len(parts)):
                 folder = "/".join(([prefix] if prefix else []) + parts[:depth])
                 if recursive or depth == 1:
-                    entries.setdefault(folder, {"type": "directory", "path": folder,
-                                                "oid": hashlib.sha1(folder.encode()).hexdigest(), "size": 0})
+                    entries.setdefault(
+                        folder,
+                        {
+                            "type": "directory",
+                            "path": folder,
+                            "oid": hashlib.sha1(folder.encode()).hexdigest(),
+                            "size": 0,
+                        },
+                    )
             if recursive or len(parts) == 1:
                 entry = {"type": "file", "path": path, "size": stored.size, "oid": stored.blob_oid}
                 if stored.sha256:
-                    entry["lfs"] = {"oid": stored.sha256, "size": stored.size,
-                                    "pointerSize": len(lfs_pointer(stored.sha256, stored.size))}
+                    entry["lfs"] = {
+                        "oid": stored.sha256,
+                        "size": stored.size,
+                        "pointerSize": len(lfs_pointer(stored.sha256, stored.size)),
+                    }
                 entries[path] = entry
         if prefix and not entries:
             raise HubError(404, f"Entry not found: {prefix}", "EntryNotFound", commit.oid)
@@ -358,8 +426,13 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
         except json.JSONDecodeError as error:
             raise HubError(400, f"invalid JSON body: {error}") from error
 
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -400,8 +473,12 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
             return self._route_api(method, parts[1:], user)
         if parts[:1] == ["lfs"] and len(parts) >= 2:
             return self._route_lfs(method, parts[1:])
-        if method == "POST" and len(parts) == 6 and parts[1].endswith(".git") \
-                and parts[2:] == ["info", "lfs", "objects", "batch"]:
+        if (
+            method == "POST"
+            and len(parts) == 6
+            and parts[1].endswith(".git")
+            and parts[2:] == ["info", "lfs", "objects", "batch"]
+        ):
             repo = hub.repo(f"{parts[0]}/{parts[1][:-4]}", user, write=True)
             self._lfs_batch(repo)
             return True
@@ -432,8 +509,15 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
         if method == "GET" and parts == ["whoami-v2"]:
             if user is None:
                 raise HubError(401, "Invalid credentials in Authorization header")
-            self._send_json({"type": "user", "name": user, "fullname": user, "orgs": [],
-                             "auth": {"type": "access_token", "accessToken": {"role": "write"}}})
+            self._send_json(
+                {
+                    "type": "user",
+                    "name": user,
+                    "fullname": user,
+                    "orgs": [],
+                    "auth": {"type": "access_token", "accessToken": {"role": "write"}},
+                }
+            )
             return True
         if len(parts) < 3 or parts[0] != "models":
             return False
@@ -514,11 +598,15 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
             oid, size = item["oid"], int(item["size"])
             entry = {"oid": oid, "size": size, "authenticated": True}
             if oid not in self.hub.lfs:
-                entry["actions"] = {"upload": {"href": f"{self.hub.storage}/lfs/{oid}", "header": {}},
-                                    "verify": {"href": f"{self.hub.storage}/lfs/{oid}/verify", "header": {}}}
+                entry["actions"] = {
+                    "upload": {"href": f"{self.hub.storage}/lfs/{oid}", "header": {}},
+                    "verify": {"href": f"{self.hub.storage}/lfs/{oid}/verify", "header": {}},
+                }
             objects.append(entry)
-        self._send_json({"transfer": "basic", "objects": objects, "hash_algo": "sha256"},
-                        headers={"Content-Type": "application/vnd.git-lfs+json"})
+        self._send_json(
+            {"transfer": "basic", "objects": objects, "hash_algo": "sha256"},
+            headers={"Content-Type": "application/vnd.git-lfs+json"},
+        )
 
     def _commit(self, repo: Repo, revision: str) -> None:
         try:
@@ -526,8 +614,14 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
         except json.JSONDecodeError as error:
             raise HubError(400, f"invalid ndjson commit payload: {error}") from error
         commit = self.hub.apply_commit(repo, revision, lines)
-        self._send_json({"success": True, "commitOid": commit.oid, "pullRequestUrl": None,
-                         "commitUrl": f"{self.hub.endpoint}/{repo.repo_id}/commit/{commit.oid}"})
+        self._send_json(
+            {
+                "success": True,
+                "commitOid": commit.oid,
+                "pullRequestUrl": None,
+                "commitUrl": f"{self.hub.endpoint}/{repo.repo_id}/commit/{commit.oid}",
+            }
+        )
 
     def _create_branch(self, repo: Repo, branch: str) -> None:
         start = self._json_body().get("startingPoint") or "main"
@@ -543,9 +637,14 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
             raise HubError(404, f"Entry not found: {path}", "EntryNotFound", commit.oid)
         headers = {"X-Repo-Commit": commit.oid}
         if stored.sha256 is not None:  # LFS: redirect to the object store, like the Hub's CDN
-            headers.update({"X-Linked-Etag": f'"{stored.sha256}"', "X-Linked-Size": str(stored.size),
-                            "ETag": f'"{stored.blob_oid}"',
-                            "Location": f"{self.hub.storage}/lfs/{quote(stored.sha256)}"})
+            headers.update(
+                {
+                    "X-Linked-Etag": f'"{stored.sha256}"',
+                    "X-Linked-Size": str(stored.size),
+                    "ETag": f'"{stored.blob_oid}"',
+                    "Location": f"{self.hub.storage}/lfs/{quote(stored.sha256)}",
+                }
+            )
             self._send(302, b"", headers)
             return
         headers["ETag"] = f'"{stored.blob_oid}"'

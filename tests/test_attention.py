@@ -45,7 +45,6 @@ def test_chunked_matches_float64(dim, n_q, n_k, block):
     check(stored, lambda *a: chunked_polar_attention(*a, block=block), k=0.7)
 
 
-
 @pytest.mark.parametrize("case,rmax", EDGE_CASES)
 def test_chunked_edge_cases_and_radii(case, rmax):
     stored = make_inputs(n_q=17, n_k=19, rmax=rmax, case=case, seed=int(rmax))
@@ -99,8 +98,9 @@ def test_triton_matches_float64(dim, n_q, n_k):
 
 
 @needs_triton
-@pytest.mark.parametrize("case,rmax", [("dominant", 4.0), ("identical", 8.0), ("aligned", 12.0), ("generic", 0.0),
-                                       ("generic", 12.0)])
+@pytest.mark.parametrize(
+    "case,rmax", [("dominant", 4.0), ("identical", 8.0), ("aligned", 12.0), ("generic", 0.0), ("generic", 12.0)]
+)
 def test_triton_edge_cases_and_radii(case, rmax):
     stored = make_inputs(batch=1, heads=2, n_q=19, n_k=23, dim=16, rmax=rmax, case=case, seed=7)
     check(stored, on_test_device(lambda *a: triton_polar_attention(*a, block_m=32, block_n=16)))

@@ -18,19 +18,26 @@ def digits_batch(count: int = 16, dtype=torch.float32) -> torch.Tensor:
 
 def median_radii(model, pixel_values) -> dict[str, torch.Tensor]:
     seen = {}
-    handles = [layer.register_forward_hook(
-        lambda module, args, output, name=name: seen.__setitem__(name, args[1].radius(output).double()))
-        for name, layer in calibratable_layers(model)]
+    handles = [
+        layer.register_forward_hook(
+            lambda module, args, output, name=name: seen.__setitem__(name, args[1].radius(output).double())
+        )
+        for name, layer in calibratable_layers(model)
+    ]
     with torch.no_grad():
         model(pixel_values=pixel_values)
     for handle in handles:
         handle.remove()
-    return {name: r.reshape(-1, layer.radius_bias.numel()).median(dim=0).values
-            for (name, layer), r in zip(calibratable_layers(model), seen.values())}
+    return {
+        name: r.reshape(-1, layer.radius_bias.numel()).median(dim=0).values
+        for (name, layer), r in zip(calibratable_layers(model), seen.values())
+    }
 
 
-@pytest.mark.parametrize("arithmetic, dtype, target", [("polar", torch.float32, 2.0), ("polar", torch.float32, 6.0),
-                                                        ("ambient", torch.float64, 3.0)])
+@pytest.mark.parametrize(
+    "arithmetic, dtype, target",
+    [("polar", torch.float32, 2.0), ("polar", torch.float32, 6.0), ("ambient", torch.float64, 3.0)],
+)
 def test_every_layer_and_head_reaches_the_target_median_radius(arithmetic, dtype, target):
     model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo", arithmetic=arithmetic)).to(dtype)
     model.train()

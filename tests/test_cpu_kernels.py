@@ -18,6 +18,8 @@ import polar_vit_hf as P
 from polar_vit_hf.modeling import cpu_kernels, fused_attention as FA, fused_gyro_norm as FG, fused_layers as FL
 from polar_vit_hf.modeling.runtime import runtime_options, use_runtime_options
 
+pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
+
 F64 = torch.float64
 
 
@@ -94,8 +96,16 @@ def test_polar_fc_epilogue_kernels_match_eager(kernels_on, activation, heads, ru
     p = points(1, 40, 12, 4.0, 3).float().squeeze(0)
     out_features = heads * 6
     weight = torch.randn(out_features, 13) * 0.3
-    rule_parameters = (torch.full((heads,), 1.1), torch.full((heads,), 0.2), torch.randn(heads, 12) * 0.1,
-                       torch.full((heads,), -0.3)) if rule else ()
+    rule_parameters = (
+        (
+            torch.full((heads,), 1.1),
+            torch.full((heads,), 0.2),
+            torch.randn(heads, 12) * 0.1,
+            torch.full((heads,), -0.3),
+        )
+        if rule
+        else ()
+    )
 
     def fn(p, weight, *rule_parameters):
         return FL.fused_polar_fc(p, weight, rule_parameters or None, 1.0, heads, activation)
@@ -194,6 +204,7 @@ def test_a_compiler_failure_warns_once_and_runs_eager(kernels_on, monkeypatch):
     def broken(fn, **_):
         def run(*args):
             raise RuntimeError("no C++ compiler")
+
         return run
 
     cpu_kernels.clear_compiled()

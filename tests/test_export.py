@@ -14,6 +14,8 @@ from safetensors.torch import save_file
 import polar_vit_hf as P
 from polar_vit_hf.conversion.export import ExportError, export
 
+pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
+
 
 @pytest.fixture(scope="module")
 def run_dir(digits_run) -> Path:

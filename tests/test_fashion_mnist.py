@@ -49,15 +49,18 @@ def test_read_idx_round_trips_gzipped_and_plain(tmp_path):
     assert np.array_equal(fm.read_idx(tmp_path / "a"), array)
 
 
-@pytest.mark.parametrize("damage,message", [
-    (lambda data: gzip.compress(data)[:-9], "cannot be read as gzip"),  # truncated download
-    (lambda data: b"PK\x03\x04" + data, "not an IDX file"),
-    (lambda data: data[:2] + b"\x0d" + data[3:], "type code 0x0d"),
-    (lambda data: data[:-5], "truncated: the header declares shape (3, 28, 28)"),
-    (lambda data: data + b"\0", "longer than declared"),
-    (lambda data: data[:3] + b"\x02" + data[4:], "2 dimensions, expected 3"),
-    (lambda data: data[:6], "truncated inside its header"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda data: gzip.compress(data)[:-9], "cannot be read as gzip"),  # truncated download
+        (lambda data: b"PK\x03\x04" + data, "not an IDX file"),
+        (lambda data: data[:2] + b"\x0d" + data[3:], "type code 0x0d"),
+        (lambda data: data[:-5], "truncated: the header declares shape (3, 28, 28)"),
+        (lambda data: data + b"\0", "longer than declared"),
+        (lambda data: data[:3] + b"\x02" + data[4:], "2 dimensions, expected 3"),
+        (lambda data: data[:6], "truncated inside its header"),
+    ],
+)
 def test_corrupt_idx_files_name_the_file_and_the_fault(tmp_path, damage, message):
     data = idx_bytes(np.zeros((3, 28, 28), dtype=np.uint8))
     damaged = damage(data)
@@ -83,8 +86,12 @@ def test_dataset_has_image_and_class_label_columns_and_a_validation_part(idx_dir
 
     images, labels = write_split(idx_dir, "train", 30, seed=1)
     splits = fm.load_fashion_mnist(str(idx_dir))
-    assert {name: len(split) for name, split in splits.items()} == {"train": 30, "test": 12, "fit": 27,
-                                                                      "validation": 3}
+    assert {name: len(split) for name, split in splits.items()} == {
+        "train": 30,
+        "test": 12,
+        "fit": 27,
+        "validation": 3,
+    }
     features = splits["train"].features
     assert isinstance(features["image"], datasets.Image) and isinstance(features["label"], datasets.ClassLabel)
     assert features["label"].names[9] == "Ankle boot"
@@ -131,9 +138,27 @@ def test_pretrain_runs_on_fashion_mnist(tmp_path, idx_dir):
     from polar_vit_hf.training.demo import read_metrics
 
     out = tmp_path / "run"
-    code = pretrain.main(["--recipe", "fashion-mnist", "--data_dir", str(idx_dir), "--output_dir", str(out),
-                          "--max_steps", "2", "--eval_steps", "2", "--save_steps", "2", "--batch_size", "8",
-                          "--no_progress", "--set", "model.num_hidden_layers=1"])
+    code = pretrain.main(
+        [
+            "--recipe",
+            "fashion-mnist",
+            "--data_dir",
+            str(idx_dir),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--eval_steps",
+            "2",
+            "--save_steps",
+            "2",
+            "--batch_size",
+            "8",
+            "--no_progress",
+            "--set",
+            "model.num_hidden_layers=1",
+        ]
+    )
     assert code == 0
     rows = read_metrics(out)
     assert len(rows) == 2 and rows[-1]["eval_accuracy"] != ""

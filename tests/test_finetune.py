@@ -19,16 +19,46 @@ from safetensors.torch import load_file
 
 import polar_vit_hf as P
 
+pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
+
 SCRIPT = str(Path(sys.executable).parent / "polar-vit-finetune")
 # no randomness but the data order: stochastic depth, augmentation and mixing would draw per process
-PLAIN = ["--rand_augment", "none", "--color_jitter", "0", "--random_erasing", "0", "--crop_scale", "1", "--hflip",
-         "0", "--mixup", "0", "--cutmix", "0", "--drop_path", "0", "--report_to", "none", "--logging_steps", "1",
-         "--dataloader_num_workers", "0", "--image_size", "32"]
+PLAIN = [
+    "--rand_augment",
+    "none",
+    "--color_jitter",
+    "0",
+    "--random_erasing",
+    "0",
+    "--crop_scale",
+    "1",
+    "--hflip",
+    "0",
+    "--mixup",
+    "0",
+    "--cutmix",
+    "0",
+    "--drop_path",
+    "0",
+    "--report_to",
+    "none",
+    "--logging_steps",
+    "1",
+    "--dataloader_num_workers",
+    "0",
+    "--image_size",
+    "32",
+]
 
 
 def finetune(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=600,
-                          env={**(env or os.environ), "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [SCRIPT, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**(env or os.environ), "OMP_NUM_THREADS": "1"},
+    )
     if check:
         assert done.returncode == 0, done.stderr[-4000:]
     return done
@@ -58,18 +88,55 @@ def cub(tmp_path_factory) -> Path:
 def single(pretrained, cub, tmp_path_factory) -> Path:
     """Three steps on one process, batch 4, checkpoints every step."""
     out = tmp_path_factory.mktemp("single") / "run"
-    finetune("--model", str(pretrained), "--dataset", "cub", "--data_dir", str(cub), "--output_dir", str(out),
-             "--max_steps", "3", "--per_device_batch_size", "4", "--grad_accum", "1", "--save_strategy", "steps",
-             "--save_steps", "1", *PLAIN)
+    finetune(
+        "--model",
+        str(pretrained),
+        "--dataset",
+        "cub",
+        "--data_dir",
+        str(cub),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--per_device_batch_size",
+        "4",
+        "--grad_accum",
+        "1",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        *PLAIN,
+    )
     return out
 
 
 def test_finetune_cub_official_layout_with_the_recipe_and_push(pretrained, cub, tmp_path, local_hub):
     out = tmp_path / "finetuned"
     env = local_hub.client_env(tmp_path / "hf-home", TEST_TOKEN)
-    done = finetune("--recipe", "cub", "--model", str(pretrained), "--data_dir", str(cub), "--output_dir", str(out),
-                    "--max_steps", "3", "--per_device_batch_size", "2", "--effective_batch", "4", "--image_size", "32",
-                    "--report_to", "none", "--push_to_hub", env=env)
+    done = finetune(
+        "--recipe",
+        "cub",
+        "--model",
+        str(pretrained),
+        "--data_dir",
+        str(cub),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--per_device_batch_size",
+        "2",
+        "--effective_batch",
+        "4",
+        "--image_size",
+        "32",
+        "--report_to",
+        "none",
+        "--push_to_hub",
+        env=env,
+    )
     assert "cub: train 6 / test 6 images, 3 classes" in done.stdout
     assert "new label set (3 classes): a new classifier head" in done.stdout
     assert "held-out accuracy (test, 6 images) at the last step: top-1" in done.stdout
@@ -99,9 +166,23 @@ def test_finetune_cub_official_layout_with_the_recipe_and_push(pretrained, cub, 
 def test_finetune_aircraft_trains_on_trainval_and_scores_test(pretrained, tmp_path):
     write_aircraft(tmp_path / "data")
     out = tmp_path / "aircraft"
-    done = finetune("--recipe", "aircraft", "--model", str(pretrained), "--data_dir", str(tmp_path / "data"),
-                    "--output_dir", str(out), "--max_steps", "2", "--per_device_batch_size", "2",
-                    "--effective_batch", "2", *PLAIN)
+    done = finetune(
+        "--recipe",
+        "aircraft",
+        "--model",
+        str(pretrained),
+        "--data_dir",
+        str(tmp_path / "data"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--per_device_batch_size",
+        "2",
+        "--effective_batch",
+        "2",
+        *PLAIN,
+    )
     assert "aircraft: train 5 / val 5 / trainval 10 / test 5 images, 5 classes" in done.stdout
     assert "held-out accuracy (test, 5 images)" in done.stdout
     info = json.loads((out / "run_info.json").read_text())
@@ -111,9 +192,25 @@ def test_finetune_aircraft_trains_on_trainval_and_scores_test(pretrained, tmp_pa
 
 def test_the_same_seed_gives_bit_identical_weights(single, pretrained, cub, tmp_path):
     again = tmp_path / "again"
-    finetune("--model", str(pretrained), "--dataset", "cub", "--data_dir", str(cub), "--output_dir", str(again),
-             "--max_steps", "3", "--per_device_batch_size", "4", "--grad_accum", "1", "--save_strategy", "no",
-             *PLAIN)
+    finetune(
+        "--model",
+        str(pretrained),
+        "--dataset",
+        "cub",
+        "--data_dir",
+        str(cub),
+        "--output_dir",
+        str(again),
+        "--max_steps",
+        "3",
+        "--per_device_batch_size",
+        "4",
+        "--grad_accum",
+        "1",
+        "--save_strategy",
+        "no",
+        *PLAIN,
+    )
     expected, got = load_file(single / "model.safetensors"), load_file(again / "model.safetensors")
     assert all(torch.equal(expected[k], got[k]) for k in expected)
     assert losses(single) == losses(again)
@@ -121,9 +218,27 @@ def test_the_same_seed_gives_bit_identical_weights(single, pretrained, cub, tmp_
 
 def test_a_preempted_run_resumes_exactly(single, pretrained, cub, tmp_path):
     out = tmp_path / "preempted"
-    args = ["--model", str(pretrained), "--dataset", "cub", "--data_dir", str(cub), "--output_dir", str(out),
-            "--max_steps", "3", "--per_device_batch_size", "4", "--grad_accum", "1", "--save_strategy", "steps",
-            "--save_steps", "1", *PLAIN]
+    args = [
+        "--model",
+        str(pretrained),
+        "--dataset",
+        "cub",
+        "--data_dir",
+        str(cub),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--per_device_batch_size",
+        "4",
+        "--grad_accum",
+        "1",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        *PLAIN,
+    ]
     done = finetune(*args, "--stop_after_steps", "2")
     assert "stopping after the checkpoint at step 2" in done.stdout and not (out / "model.safetensors").exists()
     again = finetune(*args, check=False)
@@ -149,11 +264,37 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(single, pret
         pytest.skip("needs root and unshare to keep the gloo rendezvous inside a loopback-only namespace")
     double = tmp_path / "double"
     torchrun = Path(sys.executable).parent / "torchrun"
-    command = [str(torchrun), "--standalone", "--nproc_per_node", "2", SCRIPT, "--model", str(pretrained),
-               "--dataset", "cub", "--data_dir", str(cub), "--output_dir", str(double), "--max_steps", "3",
-               "--per_device_batch_size", "2", "--grad_accum", "1", "--save_strategy", "no", *PLAIN]
-    done = subprocess.run([*prefix, "bash", "-c", "ip link set lo up && exec \"$@\"", "-", *command],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        str(torchrun),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        SCRIPT,
+        "--model",
+        str(pretrained),
+        "--dataset",
+        "cub",
+        "--data_dir",
+        str(cub),
+        "--output_dir",
+        str(double),
+        "--max_steps",
+        "3",
+        "--per_device_batch_size",
+        "2",
+        "--grad_accum",
+        "1",
+        "--save_strategy",
+        "no",
+        *PLAIN,
+    ]
+    done = subprocess.run(
+        [*prefix, "bash", "-c", 'ip link set lo up && exec "$@"', "-", *command],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     one, two = losses(single), losses(double)
     assert len(one) == len(two) == 3

@@ -93,8 +93,10 @@ def test_fused_attention_groups_and_saves_nothing_quadratic(monkeypatch):
     one = fused_polar_attention(*args)
     g_one = torch.autograd.grad(one[0].sum() + one[1].square().sum(), args)
     sizes = []
-    with use_runtime_options(attention_group_elements=2 * 2 * 12 * 12), \
-            torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+    with (
+        use_runtime_options(attention_group_elements=2 * 2 * 12 * 12),
+        torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t),
+    ):
         two = fused_polar_attention(*args)  # 2 samples per group, the last one partial
     g_two = torch.autograd.grad(two[0].sum() + two[1].square().sum(), args)
     assert max(sizes) < 12 * 12 * 6  # inputs and per-row statistics only
@@ -124,12 +126,17 @@ def test_fused_polar_fc_matches_reference_and_gradcheck(activation, rule, heads)
     assert torch.allclose(got, ref, rtol=1e-13, atol=1e-13)
     weights = torch.randn_like(ref)
     params = [p, *fc.parameters()]
-    for want, have in zip(torch.autograd.grad((ref * weights).sum(), params),
-                          torch.autograd.grad((got * weights).sum(), params)):
+    for want, have in zip(
+        torch.autograd.grad((ref * weights).sum(), params), torch.autograd.grad((got * weights).sum(), params)
+    ):
         assert torch.allclose(have, want, rtol=1e-10, atol=1e-12 * want.abs().max())
     rule_args = list(fc.rule_parameters()) if rule else []
-    assert gradcheck(lambda p, w, *extra: fused_polar_fc(p, w, tuple(extra) if rule else None, math.sqrt(k),
-                                                         heads or 1, fc.activation), [p, fc.weight, *rule_args])
+    assert gradcheck(
+        lambda p, w, *extra: fused_polar_fc(
+            p, w, tuple(extra) if rule else None, math.sqrt(k), heads or 1, fc.activation
+        ),
+        [p, fc.weight, *rule_args],
+    )
 
 
 def test_fused_polar_fc_with_all_zero_weights_gives_the_origin_with_finite_gradients():
@@ -157,8 +164,14 @@ def test_polar_fc_gemm_padding_changes_no_value(rule, monkeypatch):
     for align in (8, 1):
         monkeypatch.setattr(fused_layers, "GEMM_ALIGN", align)
         out = fc(p, FusedPolarOps(1.0))
-        results.append((out, torch.autograd.grad((out * torch.linspace(-1, 1, out.shape[-1], dtype=F64)).sum(),
-                                                 [p, *fc.parameters()])))
+        results.append(
+            (
+                out,
+                torch.autograd.grad(
+                    (out * torch.linspace(-1, 1, out.shape[-1], dtype=F64)).sum(), [p, *fc.parameters()]
+                ),
+            )
+        )
     (padded, g_padded), (plain, g_plain) = results
     assert torch.allclose(padded, plain, rtol=1e-13, atol=1e-15)
     assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-14) for a, b in zip(g_padded, g_plain))
@@ -215,8 +228,9 @@ def test_fused_gyro_layer_norm_saves_no_token_wide_intermediate():
     p = PolarOps.make(radii(batch, tokens, rmax=4.0), directions(batch, tokens, width)).float().requires_grad_(True)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = fused_gyro_layer_norm(p, torch.tensor(0.2, requires_grad=True), torch.zeros(width, requires_grad=True),
-                                    1.0, 1e-5)
+        out = fused_gyro_layer_norm(
+            p, torch.tensor(0.2, requires_grad=True), torch.zeros(width, requires_grad=True), 1.0, 1e-5
+        )
     wide = {t.data_ptr() for t in saved if t.numel() >= batch * tokens * width}
     assert wide == {p.data_ptr(), out.data_ptr()}
     # the rest: per token (B, N), per sample (B,) or (B, n) (the centroid direction), or the parameters
@@ -242,13 +256,16 @@ def test_fused_position_encoding_matches_reference_and_gradcheck(kind, rmax):
     assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
     if rmax > 0:  # at r = 0 the reference's intermediate safe normalisation cuts the gradient (see fused_layers.py)
         weights = torch.randn_like(ref)
-        for want, have in zip(torch.autograd.grad((ref * weights).sum(), [p, encoding.rates]),
-                              torch.autograd.grad((got * weights).sum(), [p, encoding.rates])):
+        for want, have in zip(
+            torch.autograd.grad((ref * weights).sum(), [p, encoding.rates]),
+            torch.autograd.grad((got * weights).sum(), [p, encoding.rates]),
+        ):
             assert torch.allclose(have, want, rtol=1e-10, atol=1e-10 * want.abs().max())
     t_rows, t_cols = (t.detach().requires_grad_(True) for t in encoding.offsets((2, 2), 1, F64))
     shifted = PolarOps.make(r + 0.01, u).requires_grad_(True)  # central differences need r > 0
-    assert gradcheck(lambda p, a, b: fused_reserved_axes_encoding(p, a, b, kind, math.sqrt(k)),
-                     [shifted, t_rows, t_cols])
+    assert gradcheck(
+        lambda p, a, b: fused_reserved_axes_encoding(p, a, b, kind, math.sqrt(k)), [shifted, t_rows, t_cols]
+    )
 
 
 def test_fused_position_encoding_at_the_origin_differentiates_the_composition():
@@ -299,8 +316,9 @@ def test_fused_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_p
         assert torch.allclose(have, want, rtol=1e-10, atol=1e-10 * want.abs().max())
     strength = torch.tensor([[2.0], [0.0]], dtype=F64) if drop_path else None
     shifted = PolarOps.make(radii(2, 5, rmax=rmax) + 0.01, x[..., 1:].detach()).requires_grad_(True)
-    assert gradcheck(lambda x, f, alpha: fused_boost_residual(x, f, alpha, strength, math.sqrt(k)),
-                     [shifted, f, residual.alpha])
+    assert gradcheck(
+        lambda x, f, alpha: fused_boost_residual(x, f, alpha, strength, math.sqrt(k)), [shifted, f, residual.alpha]
+    )
 
 
 # --------------------------------------------------------------------------------------------

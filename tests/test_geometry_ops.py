@@ -165,8 +165,9 @@ def test_exp_log_round_trip_and_transport_isometry():
     assert torch.allclose(G.tangent_inner(xi_r, xi_perp, xi_r, xi_perp).sqrt(), G.distance(r1, u1, r2, u2), rtol=1e-9)
     # transport preserves the norm
     z_r, z_perp = G.transport(r1, u1, r2, u2, xi_r, xi_perp)
-    assert torch.allclose(G.tangent_inner(z_r, z_perp, z_r, z_perp), G.tangent_inner(xi_r, xi_perp, xi_r, xi_perp),
-                          rtol=1e-8)
+    assert torch.allclose(
+        G.tangent_inner(z_r, z_perp, z_r, z_perp), G.tangent_inner(xi_r, xi_perp, xi_r, xi_perp), rtol=1e-8
+    )
 
 
 def test_gyro_left_cancellation():

@@ -23,8 +23,13 @@ from transformers import (
 import polar_vit_hf as P
 
 MODELING_FILES = {
-    "ambient.py", "attention.py", "configuration_polar_vit.py", "geometry.py",
-    "image_processing_polar_vit.py", "manifold_ops.py", "modeling_polar_vit.py",
+    "ambient.py",
+    "attention.py",
+    "configuration_polar_vit.py",
+    "geometry.py",
+    "image_processing_polar_vit.py",
+    "manifold_ops.py",
+    "modeling_polar_vit.py",
 }
 
 
@@ -98,8 +103,7 @@ def test_pipeline_classifies_pil_images_of_any_size(saved):
     classify = pipeline("image-classification", model=str(folder))
     rng = np.random.default_rng(0)
     images = [
-        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
-        for h, w in ((32, 32), (17, 91), (300, 200))
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((32, 32), (17, 91), (300, 200))
     ] + [Image.fromarray(rng.integers(0, 255, (40, 40), dtype=np.uint8))]  # greyscale
     for image in images:
         result = classify(image, top_k=3)

@@ -21,6 +21,8 @@ from local_hub import TEST_TOKEN as HUB_TOKEN, TEST_USER as HUB_USER
 from polar_vit_hf.conversion.export import export
 from polar_vit_hf.conversion.verify import folder_digest, verify
 
+pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
+
 REPO = f"{HUB_USER}/polar-vit-digits"
 PUSH = ["-m", "polar_vit_hf.conversion.push"]
 VERIFY = ["-m", "polar_vit_hf.conversion.verify"]
@@ -30,16 +32,24 @@ VERIFY = ["-m", "polar_vit_hf.conversion.verify"]
 def verified_export(digits_run, tmp_path_factory) -> Path:
     """The short digits run, exported (sharded: the index path of from_pretrained is exercised over
     HTTP too) with its card and verified (offline) as push.py requires."""
-    out = export(digits_run, tmp_path_factory.mktemp("export") / "polar-vit-digits", repo_id=REPO,
-                 max_shard_size="100KB")
+    out = export(
+        digits_run, tmp_path_factory.mktemp("export") / "polar-vit-digits", repo_id=REPO, max_shard_size="100KB"
+    )
     assert verify(out, source=digits_run)
     return out
 
 
-def run(args: list[str], env: dict[str, str], timeout: int = 900,
-        cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"},
-                          cwd=cwd, timeout=timeout)
+def run(
+    args: list[str], env: dict[str, str], timeout: int = 900, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 def client(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -109,13 +119,19 @@ def test_private_repo_on_a_branch_needs_the_token_and_the_revision(local_hub, ve
         """
     anonymous = client(code, local_hub.client_env(tmp_path / "home-2"))
     assert anonymous.returncode == 0, anonymous.stderr[-3000:]
-    assert anonymous.stdout.splitlines() == ["repo not found", "repo not found on main",
-                                             anonymous.stdout.splitlines()[2]]
+    assert anonymous.stdout.splitlines() == [
+        "repo not found",
+        "repo not found on main",
+        anonymous.stdout.splitlines()[2],
+    ]
     assert anonymous.stdout.splitlines()[2].startswith("OSError") and private in anonymous.stdout
     owner = client(code, with_token)
     assert owner.returncode == 0, owner.stderr[-3000:]
-    assert owner.stdout.splitlines() == ["downloaded", "entry not found on main",
-                                         "loaded PolarViTForImageClassification 10"]
+    assert owner.stdout.splitlines() == [
+        "downloaded",
+        "entry not found on main",
+        "loaded PolarViTForImageClassification 10",
+    ]
 
 
 def test_push_refuses_without_a_valid_token_or_into_another_namespace(local_hub, verified_export, tmp_path):
@@ -123,17 +139,22 @@ def test_push_refuses_without_a_valid_token_or_into_another_namespace(local_hub,
     assert no_token.returncode == 2 and "no Hugging Face token" in no_token.stderr
     bad = run([*PUSH, str(verified_export), f"{HUB_USER}/x"], local_hub.client_env(tmp_path, "hf_bad"))
     assert bad.returncode == 1 and "the Hub refused the upload" in bad.stderr and "401" in bad.stderr
-    foreign = run([*PUSH, str(verified_export), "someone-else/x"],
-                  local_hub.client_env(tmp_path, HUB_TOKEN))
+    foreign = run([*PUSH, str(verified_export), "someone-else/x"], local_hub.client_env(tmp_path, HUB_TOKEN))
     assert foreign.returncode == 1 and "403" in foreign.stderr
     assert f"{HUB_USER}/x" not in local_hub.repos and "someone-else/x" not in local_hub.repos
-    absent = run([*VERIFY, f"{HUB_USER}/absent", "--source", str(verified_export)],
-                 local_hub.client_env(tmp_path, HUB_TOKEN))
+    absent = run(
+        [*VERIFY, f"{HUB_USER}/absent", "--source", str(verified_export)], local_hub.client_env(tmp_path, HUB_TOKEN)
+    )
     assert absent.returncode == 1 and "FAILED" in absent.stdout and "RepositoryNotFoundError" in absent.stdout
 
 
-def request(method: str, url: str, body: bytes | None = None, token: str | None = HUB_TOKEN,
-            content_type: str = "application/json") -> tuple[int, dict[str, str], bytes]:
+def request(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    token: str | None = HUB_TOKEN,
+    content_type: str = "application/json",
+) -> tuple[int, dict[str, str], bytes]:
     headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})}
     try:
         with urllib.request.urlopen(urllib.request.Request(url, body, headers, method=method)) as response:
@@ -160,12 +181,15 @@ def test_local_hub_error_semantics(local_hub):
     assert status == 200 and headers["X-Repo-Commit"] == head and headers["ETag"].startswith('"')
     # LFS: content must hash to its oid; a commit may not reference an object never uploaded;
     # a stale parentCommit is refused
-    status, _, _ = request("PUT", f"{local_hub.storage}/lfs/{'0' * 64}", b"not these bytes",
-                           content_type="application/octet-stream")
+    status, _, _ = request(
+        "PUT", f"{local_hub.storage}/lfs/{'0' * 64}", b"not these bytes", content_type="application/octet-stream"
+    )
     assert status == 400
     commit = f"{hub}/api/models/{HUB_USER}/semantics/commit/main"
-    lines = [{"key": "header", "value": {"summary": "s"}},
-             {"key": "lfsFile", "value": {"path": "w.safetensors", "algo": "sha256", "oid": "1" * 64, "size": 3}}]
+    lines = [
+        {"key": "header", "value": {"summary": "s"}},
+        {"key": "lfsFile", "value": {"path": "w.safetensors", "algo": "sha256", "oid": "1" * 64, "size": 3}},
+    ]
     body = b"\n".join(json.dumps(x).encode() for x in lines)
     status, _, _ = request("POST", commit, body, content_type="application/x-ndjson")
     assert status == 422
@@ -180,18 +204,22 @@ def test_local_hub_error_semantics(local_hub):
 def test_model_and_processor_push_to_hub_then_remote_code_load(local_hub, tmp_path):
     """The standard ``PreTrainedModel.push_to_hub`` path ships the modeling files and the full auto_map."""
     repo = f"{HUB_USER}/pushed-directly"
-    push = client(f"""
+    push = client(
+        f"""
         import torch, polar_vit_hf as P
         torch.manual_seed(0)
         model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo", num_labels=3))
         model.push_to_hub({repo!r})
         P.PolarViTImageProcessor(size={{"height": 32, "width": 32}}).push_to_hub({repo!r})
         torch.save(model(torch.ones(1, 3, 32, 32)).logits, {str(tmp_path / "logits.pt")!r})
-        """, local_hub.client_env(tmp_path / "home-push", HUB_TOKEN))
+        """,
+        local_hub.client_env(tmp_path / "home-push", HUB_TOKEN),
+    )
     assert push.returncode == 0, push.stderr[-3000:]
     files = local_hub.repos[repo].commits[local_hub.repos[repo].branches["main"]].files
     assert {"modeling_polar_vit.py", "geometry.py", "config.json", "preprocessor_config.json"} <= set(files)
-    load = client(f"""
+    load = client(
+        f"""
         import sys
         sys.modules["polar_vit_hf"] = None
         import torch
@@ -200,6 +228,8 @@ def test_model_and_processor_push_to_hub_then_remote_code_load(local_hub, tmp_pa
         processor = AutoImageProcessor.from_pretrained({repo!r}, trust_remote_code=True)
         expected = torch.load({str(tmp_path / "logits.pt")!r})
         print(type(processor).__name__, float((model(torch.ones(1, 3, 32, 32)).logits - expected).abs().max()))
-        """, local_hub.client_env(tmp_path / "home-load"))
+        """,
+        local_hub.client_env(tmp_path / "home-load"),
+    )
     assert load.returncode == 0, load.stderr[-3000:]
     assert load.stdout.split() == ["PolarViTImageProcessor", "0.0"]

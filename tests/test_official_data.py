@@ -117,7 +117,11 @@ def test_webdataset_shards_split_by_file_name(tmp_path):
     assert data["train"].features["label"].names == ["tench", "goldfish", "great white shark"]
     assert isinstance(data["train"].features["image"], datasets.Image)
     assert [O.split_of(n) for n in ("a-train-0001.tar", "val_03.tar", "x-test.tar", "shard-0001.tar")] == [
-        "train", "validation", "test", "train"]
+        "train",
+        "validation",
+        "test",
+        "train",
+    ]
 
 
 def test_hub_aliases_fail_offline_naming_the_local_layout_and_labels_are_chosen_by_name():
@@ -126,16 +130,26 @@ def test_hub_aliases_fail_offline_naming_the_local_layout_and_labels_are_chosen_
     message = str(caught.value)
     assert "HuggingFaceM4/FGVC-Aircraft" in message and "fgvc-aircraft-2013b/data" in message
     assert "\n" not in message
-    features = datasets.Features({"image": datasets.Image(), "family": datasets.ClassLabel(names=["a", "b"]),
-                                  "variant": datasets.ClassLabel(names=["x", "y", "z"])})
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "family": datasets.ClassLabel(names=["a", "b"]),
+            "variant": datasets.ClassLabel(names=["x", "y", "z"]),
+        }
+    )
     assert O.label_column(features, "aircraft", None) == "variant"  # the documented fine label, not the first
     assert O.label_column(features, "aircraft", "family") == "family"
     with pytest.raises(UserError, match="several label columns"):
         O.label_column(features, "some/dataset", None)
     with pytest.raises(UserError, match="no such column"):
         O.label_column(features, "aircraft", "manufacturer")
-    cifar = datasets.Features({"img": datasets.Image(), "fine_label": datasets.ClassLabel(names=["a"]),
-                               "coarse_label": datasets.ClassLabel(names=["b"])})
+    cifar = datasets.Features(
+        {
+            "img": datasets.Image(),
+            "fine_label": datasets.ClassLabel(names=["a"]),
+            "coarse_label": datasets.ClassLabel(names=["b"]),
+        }
+    )
     assert O.label_column(cifar, "cifar100", None) == "fine_label" and O.image_column(cifar, "cifar100") == "img"
 
 
@@ -175,14 +189,17 @@ def test_aircraft_and_imagenet_layout_mistakes_name_the_file_and_line(tmp_path):
     train_split = base / "images_variant_train.txt"
     train_split.write_text(train_split.read_text() + "9999999 DHC-1\n")
     assert _error(lambda: O.load_aircraft(tmp_path / "air")) == (
-        f"{train_split}:6: image id 9999999: no file {base / 'images' / '9999999.jpg'}")
+        f"{train_split}:6: image id 9999999: no file {base / 'images' / '9999999.jpg'}"
+    )
     train_split.write_text(train_split.read_text().replace("9999999 DHC-1\n", "0034316 F/A-18\n"))
     assert _error(lambda: O.load_aircraft(tmp_path / "air")) == (
-        f"{train_split}:6: image id 0034316 appears twice (first on line 1)")
+        f"{train_split}:6: image id 0034316 appears twice (first on line 1)"
+    )
     lines = train_split.read_text().splitlines(keepends=True)[:-1]
     train_split.write_text("".join([lines[0].replace("F/A-18", "Concorde"), *lines[1:]]))
     assert _error(lambda: O.load_aircraft(tmp_path / "air")) == (
-        f"{train_split}:1: variant 'Concorde' is not in {base / 'variants.txt'}")
+        f"{train_split}:1: variant 'Concorde' is not in {base / 'variants.txt'}"
+    )
 
     write_imagenet(tmp_path / "in", devkit="archive")
     archive = tmp_path / "in" / "ILSVRC2012_devkit_t12.tar.gz"
@@ -192,7 +209,8 @@ def test_aircraft_and_imagenet_layout_mistakes_name_the_file_and_line(tmp_path):
     truth = tmp_path / "in2" / "ILSVRC2012_devkit_t12" / "data" / "ILSVRC2012_validation_ground_truth.txt"
     truth.write_text("".join(truth.read_text().splitlines(keepends=True)[:3]))
     assert _error(lambda: O.load_imagenet(tmp_path / "in2")) == (
-        f"{truth}: 3 labels for 5 images in {tmp_path / 'in2' / 'val'} (truncated devkit or image folder?)")
+        f"{truth}: 3 labels for 5 images in {tmp_path / 'in2' / 'val'} (truncated devkit or image folder?)"
+    )
     truth.write_text("1\n2\n3\n1\n77\n")
     assert _error(lambda: O.load_imagenet(tmp_path / "in2")).startswith(f"{truth}:5: ILSVRC2012_ID 77 is not a leaf")
 
@@ -213,8 +231,23 @@ def test_a_layout_error_ends_the_console_script_with_one_line_and_status_2(tmp_p
     labels = tmp_path / "data" / "CUB_200_2011" / "image_class_labels.txt"
     labels.write_text(labels.read_text().replace("3 1\n", "3 0\n", 1))
     script = Path(sys.executable).parent / "polar-vit-pretrain"
-    done = subprocess.run([str(script), "--dataset", "cub", "--data_dir", str(tmp_path / "data"), "--output_dir",
-                           str(tmp_path / "out"), "--max_steps", "1"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            str(script),
+            "--dataset",
+            "cub",
+            "--data_dir",
+            str(tmp_path / "data"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--max_steps",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
-        f"polar-vit-pretrain: error: {labels}:3: class id 0 is outside 1..3 (classes.txt)")
+        f"polar-vit-pretrain: error: {labels}:3: class id 0 is outside 1..3 (classes.txt)"
+    )

@@ -9,7 +9,7 @@ import torch
 
 import polar_vit_hf as P
 from polar_vit_hf import geometry as G
-from polar_vit_hf.benchmarks.precision_study import mp_centroid, mp_point, mp_radius
+from polar_vit_hf.benchmarks.mpmath_reference import mp_centroid, mp_point, mp_radius
 from polar_vit_hf.optim import RiemannianAdamW, param_groups
 
 F64 = torch.float64
@@ -27,8 +27,9 @@ def targets(radius: float, n: int = 8, dim: int = 5, seed: int = 0, dtype=F64):
 
 def frechet_run(dtype, steps: int, radius: float = 6.0, lr: float = 0.05, wd: float = 0.0):
     tr, tu = targets(radius, dtype=dtype)
-    start = G.space(torch.tensor(radius - 2.0, dtype=F64), torch.nn.functional.normalize(
-        torch.ones(5, dtype=F64), dim=0)).to(dtype)
+    start = G.space(
+        torch.tensor(radius - 2.0, dtype=F64), torch.nn.functional.normalize(torch.ones(5, dtype=F64), dim=0)
+    ).to(dtype)
     point = torch.nn.Parameter(start.clone())
     opt = RiemannianAdamW([dict(params=[point], manifold=True, k=1.0)], lr=lr, weight_decay=wd)
     losses = []
@@ -84,8 +85,18 @@ def test_manifold_weight_decay_moves_a_far_parameter_inward_exactly(radius):
 
 def test_param_groups_follow_the_paper_rules():
     model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo", readout="cls"))
-    groups = {("manifold" if g.get("manifold") else "radius" if g.get("decay_to") else
-               "no_decay" if g["weight_decay"] == 0 else "decay"): g for g in param_groups(model, 0.05)}
+    groups = {
+        (
+            "manifold"
+            if g.get("manifold")
+            else "radius"
+            if g.get("decay_to")
+            else "no_decay"
+            if g["weight_decay"] == 0
+            else "decay"
+        ): g
+        for g in param_groups(model, 0.05)
+    }
     names = {key: set(g["names"]) for key, g in groups.items()}
     assert "polar_vit.embeddings.cls_token" in names["manifold"]
     assert "polar_vit.norm.bias_point" in names["manifold"]
@@ -93,10 +104,13 @@ def test_param_groups_follow_the_paper_rules():
     for suffix in ("log_gain", "log_temperature", "alpha", "rates"):
         assert any(n.endswith(suffix) for n in names["no_decay"]), suffix
         assert not any(n.endswith(suffix) for n in names["decay"] | names["radius"])
-    assert all(n.rsplit(".", 1)[-1] in ("norm_power", "radius_weight", "klein_weight", "radius_bias")
-               for n in names["radius"])
-    assert dict(zip(groups["radius"]["names"], groups["radius"]["decay_to"]))[
-        "polar_vit.layers.0.mlp.fc1.norm_power"] == 1.0
+    assert all(
+        n.rsplit(".", 1)[-1] in ("norm_power", "radius_weight", "klein_weight", "radius_bias") for n in names["radius"]
+    )
+    assert (
+        dict(zip(groups["radius"]["names"], groups["radius"]["decay_to"]))["polar_vit.layers.0.mlp.fc1.norm_power"]
+        == 1.0
+    )
     assert "polar_vit.layers.0.mlp.fc1.weight" in names["decay"]
     total = sum(len(g["params"]) for g in groups.values())
     assert total == len(list(model.parameters()))

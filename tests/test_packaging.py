@@ -23,8 +23,16 @@ def test_editable_install_maps_the_single_modeling_folder():
     assert geometry.ambient.centroid is modeling.ambient.centroid
 
 
-CONSOLE_SCRIPTS = ("polar-vit-pretrain", "polar-vit-finetune", "polar-vit-demo", "polar-vit-export",
-                   "polar-vit-verify", "polar-vit-push", "polar-vit-precision", "polar-vit-fetch-data")
+CONSOLE_SCRIPTS = (
+    "polar-vit-pretrain",
+    "polar-vit-finetune",
+    "polar-vit-demo",
+    "polar-vit-export",
+    "polar-vit-verify",
+    "polar-vit-push",
+    "polar-vit-precision",
+    "polar-vit-fetch-data",
+)
 
 
 def _fresh_venv_with_wheel(tmp_path: Path) -> Path:
@@ -35,16 +43,44 @@ def _fresh_venv_with_wheel(tmp_path: Path) -> Path:
     tree stays out), and nothing runs from the source tree.
     """
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(wheels), str(ROOT)], check=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(wheels),
+            str(ROOT),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
     wheel = next(wheels.glob("polar_vit_hf-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next(venv.glob("lib/python*/site-packages"))
     outer = sysconfig.get_paths()["purelib"]  # this environment's site-packages
     (site / "dependencies.pth").write_text(outer + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
-                    "--no-deps", "--no-index", str(wheel)], check=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
     return venv / "bin"
 
 
@@ -61,13 +97,26 @@ def test_wheel_installed_without_the_source_tree_runs_every_console_script(tmp_p
         assert done.returncode == 0, f"{command}: {done.stderr[-3000:]}"
         return done.stdout
 
-    located = run(str(bin_dir / "python"), "-c", "import polar_vit_hf, polar_vit_hf.training.pretrain as p;"
-                  "print(polar_vit_hf.__file__); print(p.RECIPES);"
-                  "print(polar_vit_hf.modeling.geometry.__file__)").split()
+    located = run(
+        str(bin_dir / "python"),
+        "-c",
+        "import polar_vit_hf, polar_vit_hf.training.pretrain as p;"
+        "print(polar_vit_hf.__file__); print(p.RECIPES);"
+        "print(polar_vit_hf.modeling.geometry.__file__)",
+    ).split()
     assert all(str(tmp_path / "venv") in path and str(ROOT) not in path for path in located)
     assert Path(located[2]).read_bytes() == (ROOT / "modeling" / "geometry.py").read_bytes()  # the one modeling/
-    helps = {script: subprocess.Popen([str(bin_dir / script), "--help"], cwd=work, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for script in CONSOLE_SCRIPTS}
+    helps = {
+        script: subprocess.Popen(
+            [str(bin_dir / script), "--help"],
+            cwd=work,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for script in CONSOLE_SCRIPTS
+    }
     for script, process in helps.items():
         out, err = process.communicate(timeout=600)
         assert process.returncode == 0 and "usage:" in out, f"{script} --help: {err[-2000:]}"

@@ -1,7 +1,7 @@
 """The precision contract of DESIGN.md (paper Table 7, Appendix E.4) against an mpmath reference.
 
 Errors are float32 results against a 60-digit evaluation on the same stored float32 inputs,
-clusters of 64 points with geodesic spread 1 (``polar_vit_hf.benchmarks.precision_study.make_cluster``).
+clusters of 64 points with geodesic spread 1 (``polar_vit_hf.benchmarks.mpmath_reference.make_cluster``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from polar_vit_hf.benchmarks.precision_study import bf16_radius_limit, precision_row, weight_decay_row
+from polar_vit_hf.benchmarks.mpmath_reference import bf16_radius_limit, precision_row, weight_decay_row
 
 # radius: (squared distance median relative error, centroid geodesic error, centring error)
 TARGETS = {4.0: (1e-6, 1e-5, 1e-5), 8.0: (2e-5, 4e-4, 8e-4), 12.0: (1e-3, 2e-2, 4e-2)}

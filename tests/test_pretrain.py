@@ -17,14 +17,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
+
 MODULE = ["-m", "polar_vit_hf.training.pretrain"]
 COMMON = ["--max_steps", "12", "--save_steps", "6", "--eval_steps", "12", "--batch_size", "16", "--no_progress"]
 
 
 def run(output_dir: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, *MODULE, "--output_dir", str(output_dir), *COMMON, *extra],
-                          capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, *MODULE, "--output_dir", str(output_dir), *COMMON, *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if check:
         assert done.returncode == 0, done.stderr[-4000:]
     return done
@@ -47,8 +54,16 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 
 def test_a_run_writes_metrics_curves_tensorboard_and_the_model(uninterrupted):
-    for name in ("metrics.csv", "curves.png", "recipe.json", "model/config.json", "model/model.safetensors",
-                 "model/preprocessor_config.json", "best_model/model.safetensors", "checkpoints/step_12"):
+    for name in (
+        "metrics.csv",
+        "curves.png",
+        "recipe.json",
+        "model/config.json",
+        "model/model.safetensors",
+        "model/preprocessor_config.json",
+        "best_model/model.safetensors",
+        "checkpoints/step_12",
+    ):
         assert (uninterrupted / name).exists(), name
     assert any((uninterrupted / "tensorboard").rglob("events.out.tfevents.*"))
     assert len(losses(uninterrupted)) == 12
@@ -57,8 +72,12 @@ def test_a_run_writes_metrics_curves_tensorboard_and_the_model(uninterrupted):
 def test_sigkill_after_a_checkpoint_then_resume_is_exact(uninterrupted, tmp_path):
     out = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, *MODULE, "--output_dir", str(out), *COMMON],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    process = subprocess.Popen(
+        [sys.executable, *MODULE, "--output_dir", str(out), *COMMON],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     checkpoint = out / "checkpoints" / "step_6"
     deadline = time.time() + 300
     while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
@@ -119,10 +138,12 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     single = tmp_path / "single"
     run(single, "--max_steps", "6", "--save_steps", "6", "--eval_steps", "6")
     double = tmp_path / "double"
-    launch = (f"ip link set lo up && {sys.executable} -m accelerate.commands.launch --multi_gpu --num_processes 2 "
-              f"--num_machines 1 --mixed_precision no --dynamo_backend no --main_process_port {_free_port()} "
-              f"-m polar_vit_hf.training.pretrain --output_dir {double} {' '.join(COMMON)} "
-              f"--max_steps 6 --save_steps 6 --eval_steps 6 --cpu")
+    launch = (
+        f"ip link set lo up && {sys.executable} -m accelerate.commands.launch --multi_gpu --num_processes 2 "
+        f"--num_machines 1 --mixed_precision no --dynamo_backend no --main_process_port {_free_port()} "
+        f"-m polar_vit_hf.training.pretrain --output_dir {double} {' '.join(COMMON)} "
+        f"--max_steps 6 --save_steps 6 --eval_steps 6 --cpu"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
     done = subprocess.run([*prefix, "bash", "-c", launch], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -135,11 +156,35 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
 
 def test_augmentations_gradient_accumulation_calibration_and_the_euclidean_baseline(tmp_path):
     augmented = tmp_path / "augmented"
-    done = run(augmented, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "2", "--grad_accum", "2",
-               "--set", "augment.mixup=0.8", "--set", "augment.cutmix=1.0", "--set", "augment.mix_prob=1.0",
-               "--set", "augment.label_smoothing=0.1", "--set", "augment.auto_augment=randaugment",
-               "--set", "augment.random_erasing=0.25", "--set", "augment.random_resized_crop=true",
-               "--set", "model.calibrate_radius=2.5", "--set", "model.calibrate_images=8")
+    done = run(
+        augmented,
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--eval_steps",
+        "2",
+        "--grad_accum",
+        "2",
+        "--set",
+        "augment.mixup=0.8",
+        "--set",
+        "augment.cutmix=1.0",
+        "--set",
+        "augment.mix_prob=1.0",
+        "--set",
+        "augment.label_smoothing=0.1",
+        "--set",
+        "augment.auto_augment=randaugment",
+        "--set",
+        "augment.random_erasing=0.25",
+        "--set",
+        "augment.random_resized_crop=true",
+        "--set",
+        "model.calibrate_radius=2.5",
+        "--set",
+        "model.calibrate_images=8",
+    )
     assert len(losses(augmented)) == 2 and all(math.isfinite(x) for x in losses(augmented))
     assert "calibrated 13 Polar-FC layers on 8 images" in done.stdout and "-> 2.5" in done.stdout
     euclidean = tmp_path / "euclidean"
@@ -162,8 +207,21 @@ def test_a_transformers_vit_checkpoint_starts_the_euclidean_baseline(tmp_path):
     source = tmp_path / "vit"
     vit.save_pretrained(source)
     out = tmp_path / "from-vit"
-    run(out, "--arch", "euclidean", "--init_from", str(source), "--max_steps", "1", "--save_steps", "1",
-        "--eval_steps", "1", "--lr", "0")
+    run(
+        out,
+        "--arch",
+        "euclidean",
+        "--init_from",
+        str(source),
+        "--max_steps",
+        "1",
+        "--save_steps",
+        "1",
+        "--eval_steps",
+        "1",
+        "--lr",
+        "0",
+    )
     trained = ViTForImageClassification.from_pretrained(out / "model")
     assert trained.config.num_labels == 10  # new head for the digits
     name = "vit.encoder.layer.0.attention.attention.query.weight"
@@ -172,8 +230,13 @@ def test_a_transformers_vit_checkpoint_starts_the_euclidean_baseline(tmp_path):
 
 
 def _console(name: str, *args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(Path(sys.executable).parent / name), *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 
@@ -185,13 +248,35 @@ def test_pretrain_on_the_imagenet_layout_with_clipping(tmp_path):
 
     write_imagenet(tmp_path / "ilsvrc", devkit="archive")
     out = tmp_path / "imagenet-run"
-    done = _console("polar-vit-pretrain", "--dataset", "imagenet-1k", "--data_dir", str(tmp_path / "ilsvrc"),
-                    "--set", "data.eval_split=validation", "--max_steps", "2", "--eval_steps", "2", "--save_steps",
-                    "2", "--batch_size", "4", "--max_grad_norm", "1.0", "--output_dir", str(out), "--no_progress")
+    done = _console(
+        "polar-vit-pretrain",
+        "--dataset",
+        "imagenet-1k",
+        "--data_dir",
+        str(tmp_path / "ilsvrc"),
+        "--set",
+        "data.eval_split=validation",
+        "--max_steps",
+        "2",
+        "--eval_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--batch_size",
+        "4",
+        "--max_grad_norm",
+        "1.0",
+        "--output_dir",
+        str(out),
+        "--no_progress",
+    )
     assert "imagenet-1k: train 9 / validation 5 images, 3 classes" in done.stdout
     labels = json.loads((out / "labels.json").read_text())
-    assert labels == {"0": "tench, Tinca tinca", "1": "goldfish, Carassius auratus",
-                      "2": "great white shark, white shark, man-eater, man-eating shark, Carcharodon carcharias"}
+    assert labels == {
+        "0": "tench, Tinca tinca",
+        "1": "goldfish, Carassius auratus",
+        "2": "great white shark, white shark, man-eater, man-eating shark, Carcharodon carcharias",
+    }
     with open(out / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert all(float(row["grad_norm"]) > 0 for row in rows) and rows[-1]["eval_top5_accuracy"] == "1.0"
@@ -207,8 +292,28 @@ def test_pretrain_streams_webdataset_shards(tmp_path):
     (tmp_path / "shards" / "classes.txt").write_text("tench\ngoldfish\nshark\n")
     out = tmp_path / "wds-run"
     pattern = str(tmp_path / "shards" / "imagenet-{train-{0000..0001},validation-0000}.tar")
-    done = _console("polar-vit-pretrain", "--dataset", "webdataset", "--data_dir", pattern, "--streaming",
-                    "--set", "data.eval_split=validation", "--max_steps", "3", "--eval_steps", "3", "--save_steps",
-                    "3", "--batch_size", "4", "--num_workers", "0", "--output_dir", str(out), "--no_progress")
+    done = _console(
+        "polar-vit-pretrain",
+        "--dataset",
+        "webdataset",
+        "--data_dir",
+        pattern,
+        "--streaming",
+        "--set",
+        "data.eval_split=validation",
+        "--max_steps",
+        "3",
+        "--eval_steps",
+        "3",
+        "--save_steps",
+        "3",
+        "--batch_size",
+        "4",
+        "--num_workers",
+        "0",
+        "--output_dir",
+        str(out),
+        "--no_progress",
+    )
     assert "webdataset: train ? / validation ? images, 3 classes" in done.stdout
     assert len(losses(out)) == 3 and (out / "model" / "model.safetensors").exists()

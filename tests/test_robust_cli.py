@@ -33,13 +33,31 @@ def user_error(capsys, main, *argv: str) -> str:
 
 
 def test_missing_imagefolder_is_a_clean_error(capsys, tmp_path):
-    err = user_error(capsys, pretrain.main, "--output_dir", str(tmp_path / "o"), "--dataset", "imagefolder",
-                     "--data_dir", "/nonexistent", *TINY)
+    err = user_error(
+        capsys,
+        pretrain.main,
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--dataset",
+        "imagefolder",
+        "--data_dir",
+        "/nonexistent",
+        *TINY,
+    )
     assert "--data_dir /nonexistent: no such directory" in err
     empty = tmp_path / "empty"
     empty.mkdir()
-    err = user_error(capsys, pretrain.main, "--output_dir", str(tmp_path / "o"), "--dataset", "imagefolder",
-                     "--data_dir", str(empty), *TINY)
+    err = user_error(
+        capsys,
+        pretrain.main,
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--dataset",
+        "imagefolder",
+        "--data_dir",
+        str(empty),
+        *TINY,
+    )
     assert "no images found" in err
 
 
@@ -62,8 +80,9 @@ def test_invalid_settings_and_output_dirs(capsys, tmp_path):
 
 def test_finetune_tells_a_missing_folder_from_a_hub_id(capsys, tmp_path):
     common = ["--dataset", "digits", "--output_dir", str(tmp_path / "o"), "--max_steps", "1"]
-    assert "--model /nonexistent: no such folder" in user_error(capsys, finetune.main, "--model", "/nonexistent",
-                                                               *common)
+    assert "--model /nonexistent: no such folder" in user_error(
+        capsys, finetune.main, "--model", "/nonexistent", *common
+    )
     err = user_error(capsys, finetune.main, "--model", "someone/not-cached", *common)
     assert "could not load it" in err and "Hub id" in err
 
@@ -75,8 +94,18 @@ def test_verify_a_folder_without_weights(capsys, tmp_path):
 
 def test_console_script_exit_status_and_debug_traceback(tmp_path):
     """The real process: status 2 and one line; ``--debug`` (or the environment variable) shows the traceback."""
-    command = [sys.executable, "-m", "polar_vit_hf.training.pretrain", "--output_dir", str(tmp_path / "o"),
-               "--dataset", "imagefolder", "--data_dir", "/nonexistent", *TINY]
+    command = [
+        sys.executable,
+        "-m",
+        "polar_vit_hf.training.pretrain",
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--dataset",
+        "imagefolder",
+        "--data_dir",
+        "/nonexistent",
+        *TINY,
+    ]
     env = {k: v for k, v in os.environ.items() if k != DEBUG_ENV}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
@@ -118,8 +147,9 @@ def test_dataset_skips_unreadable_images_deterministically_and_stops_past_the_th
         return good, i
 
     log = tmp_path / "bad.txt"
-    data = TransformedDataset(10, get, lambda image: torch.tensor(np.asarray(image)), max_bad_fraction=0.5,
-                              bad_sample_log=log)
+    data = TransformedDataset(
+        10, get, lambda image: torch.tensor(np.asarray(image)), max_bad_fraction=0.5, bad_sample_log=log
+    )
     with pytest.warns(UserWarning, match="skipping an unreadable image"):
         labels = [data[i][1] for i in range(10)]
     assert labels == [0, 1, 2, 5, 5, 5, 6, 7, 8, 9]  # the next readable index takes the place
@@ -138,7 +168,7 @@ def make_imagefolder(root: Path, corrupt: bool = True) -> str:
         for label in (0, 1):
             folder = root / split / str(label)
             folder.mkdir(parents=True)
-            chosen = np.flatnonzero(labels == label)[offset:offset + count]
+            chosen = np.flatnonzero(labels == label)[offset : offset + count]
             for n, index in enumerate(chosen):
                 image = Image.fromarray(images[index])
                 if split == "train" and n == 1:
@@ -158,10 +188,25 @@ def run_pretrain(out: Path, *extra: str, limit_file_size: int | None = None) -> 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
 
-    command = [sys.executable, "-m", "polar_vit_hf.training.pretrain", "--output_dir", str(out), "--batch_size", "10",
-               "--no_progress", *extra]
-    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          timeout=600, preexec_fn=limit if limit_file_size else None)
+    command = [
+        sys.executable,
+        "-m",
+        "polar_vit_hf.training.pretrain",
+        "--output_dir",
+        str(out),
+        "--batch_size",
+        "10",
+        "--no_progress",
+        *extra,
+    ]
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=600,
+        preexec_fn=limit if limit_file_size else None,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -185,15 +230,28 @@ def test_a_corrupt_image_is_skipped_reported_and_resume_stays_exact(folder, tmp_
     assert first.returncode == 0, first.stderr[-3000:]
     second = run_pretrain(tmp_path / "resumed", *IMAGEFOLDER, "--data_dir", folder, *steps, "--resume")
     assert second.returncode == 0, second.stderr[-3000:]
-    expected, got = load_file(tmp_path / "whole" / "model" / "model.safetensors"), \
-        load_file(tmp_path / "resumed" / "model" / "model.safetensors")
+    expected, got = (
+        load_file(tmp_path / "whole" / "model" / "model.safetensors"),
+        load_file(tmp_path / "resumed" / "model" / "model.safetensors"),
+    )
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
 @pytest.mark.slow
 def test_too_many_corrupt_images_stop_the_run(folder, tmp_path):
-    done = run_pretrain(tmp_path / "strict", "--dataset", "imagefolder", "--data_dir", folder, "--max_steps", "14",
-                        "--eval_steps", "14", "--save_steps", "14")
+    done = run_pretrain(
+        tmp_path / "strict",
+        "--dataset",
+        "imagefolder",
+        "--data_dir",
+        folder,
+        "--max_steps",
+        "14",
+        "--eval_steps",
+        "14",
+        "--save_steps",
+        "14",
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "could not be decoded" in done.stderr and "bad_samples.txt" in done.stderr
 
@@ -204,8 +262,19 @@ def test_too_many_corrupt_images_stop_the_run(folder, tmp_path):
 @pytest.mark.slow
 def test_non_finite_steps_are_skipped_and_never_reach_the_weights(tmp_path):
     out = tmp_path / "diverged"
-    done = run_pretrain(out, "--max_steps", "12", "--save_steps", "1", "--eval_steps", "12", "--lr", "1e30",
-                        "--max_nonfinite_steps", "3")
+    done = run_pretrain(
+        out,
+        "--max_steps",
+        "12",
+        "--save_steps",
+        "1",
+        "--eval_steps",
+        "12",
+        "--lr",
+        "1e30",
+        "--max_nonfinite_steps",
+        "3",
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     assert "non-finite loss, gradient or update" in done.stderr and "--resume" in done.stderr
     with open(out / "metrics.csv") as handle:

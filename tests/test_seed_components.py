@@ -89,8 +89,10 @@ def hnn_beta_split(r: float, u: torch.Tensor, heads: int, k: float):
     dim = u.shape[-1] // heads
     beta = lambda n: mpmath.beta(mpmath.mpf(n) / 2, mpmath.mpf(1) / 2)  # noqa: E731
     v = _log0(_ball(r, u.tolist(), k), c)
-    return [_polar(_exp0([beta(dim) / beta(heads * dim) * e for e in v[h * dim:(h + 1) * dim]], c), k)
-            for h in range(heads)]
+    return [
+        _polar(_exp0([beta(dim) / beta(heads * dim) * e for e in v[h * dim : (h + 1) * dim]], c), k)
+        for h in range(heads)
+    ]
 
 
 def test_beta_coefficient_is_the_beta_function():
@@ -112,8 +114,9 @@ def test_beta_concat_matches_the_hnn_formulas(rmax, k):
         if want_u is None:  # every head at the origin: the origin, direction e_0
             assert rmax == 0.0 and float(direction[token, 0]) == 1.0
         else:
-            assert torch.allclose(direction[token], torch.tensor([float(e) for e in want_u], dtype=F64),
-                                  rtol=0, atol=1e-13)
+            assert torch.allclose(
+                direction[token], torch.tensor([float(e) for e in want_u], dtype=F64), rtol=0, atol=1e-13
+            )
 
 
 @pytest.mark.parametrize("rmax", RADII)
@@ -203,8 +206,10 @@ def test_hypformer_encoding_is_a_fixed_weight_midpoint_with_a_lorentz_fc():
     assert not torch.allclose(patches, unchanged)
     with torch.no_grad():
         raw = unchanged  # epsilon = 0: the tokens before the encoding (to rounding)
-        want = ops.centroid(torch.stack([raw, encoding.htc_linear(raw, ops)], dim=-2),
-                            raw.new_tensor([1.0, 1.0]).expand(*raw.shape[:-1], 1, 2)).squeeze(-2)
+        want = ops.centroid(
+            torch.stack([raw, encoding.htc_linear(raw, ops)], dim=-2),
+            raw.new_tensor([1.0, 1.0]).expand(*raw.shape[:-1], 1, 2),
+        ).squeeze(-2)
     assert torch.allclose(patches, want, rtol=1e-12, atol=1e-12)
 
 

@@ -26,8 +26,16 @@ LEVEL, PATCH_LEVEL = 2, 0  # 162 vertices, 60 tokens of 15 vertices
 
 
 def spherical_config(**overrides) -> P.PolarViTSphericalConfig:
-    kwargs = dict(icosphere_level=LEVEL, patch_level=PATCH_LEVEL, hidden_size=32, num_attention_heads=2,
-                  num_hidden_layers=2, intermediate_size=32, num_channels=2, num_labels=5)
+    kwargs = dict(
+        icosphere_level=LEVEL,
+        patch_level=PATCH_LEVEL,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=32,
+        num_channels=2,
+        num_labels=5,
+    )
     return P.PolarViTSphericalConfig(**{**kwargs, **overrides})
 
 
@@ -146,8 +154,9 @@ def test_rope_keeps_directions_unit_and_has_the_identity_gradient_structure():
     assert (S.apply_so3_rope(q, rope).norm(dim=-1) - 1).abs().max() < 1e-14
     assert torch.autograd.gradcheck(lambda x: S.apply_so3_rope(x, rope), (q.clone().requires_grad_(),))
     layer = P.modeling.modeling_polar_vit.SO3RotaryEncoding()
-    points = torch.cat([torch.tensor([0.0, 0.5, 4.0, 8.0, 12.0], dtype=torch.float64).repeat(6)[:30]
-                        .reshape(3, 5, 2, 1), q], dim=-1).requires_grad_()
+    points = torch.cat(
+        [torch.tensor([0.0, 0.5, 4.0, 8.0, 12.0], dtype=torch.float64).repeat(6)[:30].reshape(3, 5, 2, 1), q], dim=-1
+    ).requires_grad_()
     ops = P.modeling.manifold_ops.make_ops("polar", 1.0, False)
     assert torch.autograd.gradcheck(lambda p: layer(p, rope[1:], 1, ops), (points,))
     moved = layer(points, rope[1:], 1, ops)
@@ -163,12 +172,16 @@ def test_so3_sdpa_attention_rotates_queries_and_keys_before_sdpa():
 
     def probs(poses):
         rope = S.so3_representation(poses, 16)
-        out, _ = so3_sdpa_attention(module, q.transpose(1, 2), k.transpose(1, 2), value, None, so3_rope=rope,
-                                    scaling=0.25, dropout=0.0)
+        out, _ = so3_sdpa_attention(
+            module, q.transpose(1, 2), k.transpose(1, 2), value, None, so3_rope=rope, scaling=0.25, dropout=0.0
+        )
         return out
 
-    reference = torch.softmax(torch.einsum(
-        "bnhd,bmhd->bhnm", *(S.apply_so3_rope(t, S.so3_representation(poses, 16)) for t in (q, k))) * 0.25, -1)
+    reference = torch.softmax(
+        torch.einsum("bnhd,bmhd->bhnm", *(S.apply_so3_rope(t, S.so3_representation(poses, 16)) for t in (q, k)))
+        * 0.25,
+        -1,
+    )
     assert (probs(poses) - reference.transpose(1, 2)).abs().max() < 1e-12
     assert (probs(g @ poses) - probs(poses)).abs().max() < 1e-12
 
@@ -212,7 +225,7 @@ def test_without_so3_rope_or_with_absolute_positions_the_rotations_change_the_lo
     for overrides in (dict(position_embedding="learned"), dict(longitude_encoding=3)):
         model = polar_model(**overrides)
         with torch.no_grad():
-            change = (model(pixel_values=S.rotate_signal(x, rotation, LEVEL)).logits - model(pixel_values=x).logits)
+            change = model(pixel_values=S.rotate_signal(x, rotation, LEVEL)).logits - model(pixel_values=x).logits
         assert change.abs().max() > 1e-6, overrides
 
 
@@ -276,8 +289,9 @@ def test_fused_and_reference_layers_agree_with_so3_rope():
 def test_spherical_models_learn(kind):
     torch.manual_seed(0)
     config = spherical_config(num_labels=2, num_channels=1)
-    model = (P.PolarViTSphericalForImageClassification(config) if kind == "polar"
-             else euclidean_spherical_vit(config)).train()
+    model = (
+        P.PolarViTSphericalForImageClassification(config) if kind == "polar" else euclidean_spherical_vit(config)
+    ).train()
     z = S.icosphere(LEVEL)[:, 2].float()
     # a dipole vs a quadrupole (not rotations of each other: an invariant model can tell them apart)
     x = torch.stack([z, 1.5 * z**2 - 0.5])[:, None].repeat(4, 1, 1) + 0.1 * torch.randn(8, 1, z.numel())
@@ -294,14 +308,17 @@ def test_spherical_models_learn(kind):
 
 
 # ----------------------------------------------------------------------------------------------- config and checks
-@pytest.mark.parametrize("overrides,message", [
-    (dict(relative_position="horoshift"), "planar patch grid"),
-    (dict(position_embedding="sincos"), "planar patch grid"),
-    (dict(patch_level=3), "patch_level=3 must be <= icosphere_level=2"),
-    (dict(icosphere_level=-1), "icosphere_level must be an integer >= 0"),
-    (dict(longitude_encoding=1.5), "longitude_encoding must be an integer"),
-    (dict(hidden_size=6, num_attention_heads=2), "Wigner blocks D\\^0 and D\\^1"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(relative_position="horoshift"), "planar patch grid"),
+        (dict(position_embedding="sincos"), "planar patch grid"),
+        (dict(patch_level=3), "patch_level=3 must be <= icosphere_level=2"),
+        (dict(icosphere_level=-1), "icosphere_level must be an integer >= 0"),
+        (dict(longitude_encoding=1.5), "longitude_encoding must be an integer"),
+        (dict(hidden_size=6, num_attention_heads=2), "Wigner blocks D\\^0 and D\\^1"),
+    ],
+)
 def test_invalid_spherical_configs_are_refused(overrides, message):
     with pytest.raises(ValueError, match=message):
         spherical_config(**overrides)
@@ -312,11 +329,14 @@ def test_planar_configs_refuse_so3():
         P.PolarViTConfig.from_preset("demo", relative_position="so3")
 
 
-@pytest.mark.parametrize("shape,message", [
-    ((2, 2, 16, 16), "must have shape \\(batch, channels, vertices\\)"),
-    ((2, 3, 162), "3 channels but the model expects num_channels=2"),
-    ((2, 2, 642), "642 values per channel but icosphere_level=2 has 162 vertices"),
-])
+@pytest.mark.parametrize(
+    "shape,message",
+    [
+        ((2, 2, 16, 16), "must have shape \\(batch, channels, vertices\\)"),
+        ((2, 3, 162), "3 channels but the model expects num_channels=2"),
+        ((2, 2, 642), "642 values per channel but icosphere_level=2 has 162 vertices"),
+    ],
+)
 def test_wrong_inputs_get_a_clear_error(shape, message):
     model = polar_model()
     with pytest.raises(ValueError, match=message):

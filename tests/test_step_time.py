@@ -5,12 +5,32 @@ from __future__ import annotations
 import csv
 import re
 
+import pytest
+
+pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
+
 
 def test_interleaved_step_time_reports_paired_ratios_memory_and_saved_bytes(tmp_path, capsys):
     from polar_vit_hf.benchmarks import step_time
 
-    code = step_time.main(["--models", "euclidean", "polar", "--batch", "2", "--repeats", "2", "--warmup", "1",
-                           "--threads", "1", "--interleave", "--out", str(tmp_path)])
+    code = step_time.main(
+        [
+            "--models",
+            "euclidean",
+            "polar",
+            "--batch",
+            "2",
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+            "--interleave",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     rows = {line.split("  ")[0]: line for line in out.splitlines() if line.startswith(("Euclidean", "Polar-ViT"))}

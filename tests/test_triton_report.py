@@ -13,20 +13,36 @@ import pytest
 from polar_vit_hf.modeling.triton_attention import TRITON_AVAILABLE
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed")
+pytestmark = [pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed"), pytest.mark.slow]
 
 
 def test_default_launch_configurations_do_not_spill_on_sm90(tmp_path):
     """ptxas on sm_90a: no spill stores or loads for any kernel at head widths 16 and 64 (exit status 0)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, "-m", "polar_vit_hf.benchmarks.triton_report", "--head-dims", "16", "64",
-                           "--arch", "sm_90", "--out", str(tmp_path)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polar_vit_hf.benchmarks.triton_report",
+            "--head-dims",
+            "16",
+            "64",
+            "--arch",
+            "sm_90",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "triton_report.csv")))
     assert {(row["kernel"], row["head_dim"]) for row in rows} == {
-        (kernel, dim) for kernel in ("fwd", "bwd_q", "bwd_kv") for dim in ("16", "64")}
+        (kernel, dim) for kernel in ("fwd", "bwd_q", "bwd_kv") for dim in ("16", "64")
+    }
     for row in rows:
         assert int(row["spill_stores"]) == 0 and int(row["spill_loads"]) == 0, row
         assert 0 < int(row["registers"]) <= 255 and int(row["shared"]) <= 100 * 1024, row

@@ -33,8 +33,9 @@ def log_sinh(a: Tensor) -> Tensor:
 
 def calibratable_layers(model: nn.Module) -> list[tuple[str, PolarFC]]:
     """The Polar-FCs with a radius rule, in registration (= forward) order."""
-    return [(name, module) for name, module in model.named_modules()
-            if isinstance(module, PolarFC) and module.radius_rule]
+    return [
+        (name, module) for name, module in model.named_modules() if isinstance(module, PolarFC) and module.radius_rule
+    ]
 
 
 @torch.no_grad()
@@ -74,8 +75,10 @@ def calibrate_radii(model: nn.Module, pixel_values: Tensor, target_radius: float
             per_head = radius.reshape(-1, heads) if layer.num_heads else radius.reshape(-1, 1)
             median = per_head.median(dim=0).values  # (H,)
             if not bool((median > 0).all() and torch.isfinite(median).all()):
-                raise ValueError(f"{name}: median output radius {median.tolist()} on this batch; calibrate on "
-                                 f"real images, or check the layer (its radius underflowed to the origin)")
+                raise ValueError(
+                    f"{name}: median output radius {median.tolist()} on this batch; calibrate on "
+                    f"real images, or check the layer (its radius underflowed to the origin)"
+                )
             before[name] = median.tolist()
             shift = target - log_sinh(median / sqrt_k)
             layer.radius_bias.add_(shift.to(layer.radius_bias.dtype))

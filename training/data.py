@@ -29,6 +29,7 @@ from PIL import Image
 from torch.utils.data import Dataset, IterableDataset
 
 from polar_vit_hf.cli import UserError
+from polar_vit_hf.modeling.image_processing_polar_vit import to_eight_bit
 
 if TYPE_CHECKING:
     from polar_vit_hf.training.official_data import DataOptions
@@ -38,11 +39,11 @@ if TYPE_CHECKING:
 BAD_IMAGE_ERRORS = (OSError, ValueError, SyntaxError)
 DEFAULT_MAX_BAD_FRACTION = 0.01
 MIN_READS_FOR_THRESHOLD = 100  # the fraction of bad images is judged once this many have been read
-SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
 
 
 class BadSampleError(UserError):
     """Too many unreadable images: the data set itself is broken."""
+
 
 STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a streamed training split
 
@@ -59,8 +60,9 @@ def digits_images(image_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
     return rgb.numpy(), digits.target.astype(np.int64)
 
 
-def digits_split_indices(count: int = 1797, test_fraction: float = 0.25,
-                         seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def digits_split_indices(
+    count: int = 1797, test_fraction: float = 0.25, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """``(train, test)`` indices of the seeded digits split used everywhere in the project."""
     order = np.random.default_rng(seed).permutation(count)
     n_test = int(round(test_fraction * count))
@@ -68,23 +70,15 @@ def digits_split_indices(count: int = 1797, test_fraction: float = 0.25,
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Decode ``image`` and convert it to 8-bit RGB (greyscale, palette, RGBA, CMYK, 16-bit and float images).
+    """Decode ``image`` and convert it to 8-bit RGB (greyscale, palette, RGBA, CMYK; 16-bit and float images by
+    the image processor's :func:`to_eight_bit`).
 
     Raises ``ValueError`` for a zero-size image and what PIL raises for an undecodable one.
     """
     image.load()  # decode now: a broken file fails here, inside the bad-sample guard
     if image.width == 0 or image.height == 0:
         raise ValueError(f"zero-size image ({image.width} x {image.height})")
-    if image.mode in (*SIXTEEN_BIT_MODES, "I", "F"):
-        values = np.asarray(image, dtype=np.float64)
-        if image.mode in SIXTEEN_BIT_MODES or (image.mode == "I" and values.max() > 255):
-            top = 65535.0
-        elif image.mode == "F" and values.max() <= 1.0:
-            top = 1.0
-        else:
-            top = max(255.0, float(values.max()))
-        image = Image.fromarray(np.clip(np.rint(values / top * 255.0), 0, 255).astype(np.uint8))
-    return image.convert("RGB")
+    return to_eight_bit(image).convert("RGB")
 
 
 @dataclass
@@ -136,9 +130,15 @@ class TransformedDataset(Dataset):
     when set (:class:`BadSampleGuard`).
     """
 
-    def __init__(self, length: int, get: Callable[[int], tuple[Image.Image, int]], transform: Callable,
-                 describe: Callable[[int], str] | None = None, max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
-                 bad_sample_log: Path | None = None):
+    def __init__(
+        self,
+        length: int,
+        get: Callable[[int], tuple[Image.Image, int]],
+        transform: Callable,
+        describe: Callable[[int], str] | None = None,
+        max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
+        bad_sample_log: Path | None = None,
+    ):
         self.length, self.get, self.transform = length, get, transform
         self.describe = describe or (lambda index: f"index {index}")
         self.max_bad_fraction, self.bad_sample_log = float(max_bad_fraction), bad_sample_log
@@ -146,8 +146,9 @@ class TransformedDataset(Dataset):
 
     def with_transform(self, transform: Callable) -> TransformedDataset:
         """The same images through another transform."""
-        return TransformedDataset(self.length, self.get, transform, self.describe, self.max_bad_fraction,
-                                  self.bad_sample_log)
+        return TransformedDataset(
+            self.length, self.get, transform, self.describe, self.max_bad_fraction, self.bad_sample_log
+        )
 
     def __len__(self) -> int:
         return self.length
@@ -170,17 +171,37 @@ class TransformedStream(IterableDataset):
     """A streamed split (``datasets.IterableDataset``) as ``(image, label)`` pairs through ``transform``; an
     unreadable image is skipped (:class:`BadSampleGuard`).  ``set_epoch`` reshuffles the stream's buffer."""
 
-    def __init__(self, table, image_key: str, label_key: str, transform: Callable, name: str,
-                 max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, bad_sample_log: Path | None = None):
-        self.table, self.image_key, self.label_key, self.transform, self.name = (table, image_key, label_key,
-                                                                                 transform, name)
+    def __init__(
+        self,
+        table,
+        image_key: str,
+        label_key: str,
+        transform: Callable,
+        name: str,
+        max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
+        bad_sample_log: Path | None = None,
+    ):
+        self.table, self.image_key, self.label_key, self.transform, self.name = (
+            table,
+            image_key,
+            label_key,
+            transform,
+            name,
+        )
         self.max_bad_fraction, self.bad_sample_log = float(max_bad_fraction), bad_sample_log
         self.guard = BadSampleGuard(max_bad_fraction, bad_sample_log)
 
     def with_transform(self, transform: Callable) -> TransformedStream:
         """The same stream through another transform."""
-        return TransformedStream(self.table, self.image_key, self.label_key, transform, self.name,
-                                 self.max_bad_fraction, self.bad_sample_log)
+        return TransformedStream(
+            self.table,
+            self.image_key,
+            self.label_key,
+            transform,
+            self.name,
+            self.max_bad_fraction,
+            self.bad_sample_log,
+        )
 
     def set_epoch(self, epoch: int) -> None:
         self.table.set_epoch(epoch)
@@ -237,13 +258,20 @@ def build_transforms(image_size: int, augment: dict[str, Any], train: bool):
     if policy == "autoaugment":
         name = str(augment.get("autoaugment_policy", "imagenet")).upper()
         if name not in v2.AutoAugmentPolicy.__members__:
-            raise ValueError(f"augment.autoaugment_policy={name.lower()!r} is not one of "
-                             f"{[m.lower() for m in v2.AutoAugmentPolicy.__members__]}")
+            raise ValueError(
+                f"augment.autoaugment_policy={name.lower()!r} is not one of "
+                f"{[m.lower() for m in v2.AutoAugmentPolicy.__members__]}"
+            )
         steps.append(v2.AutoAugment(v2.AutoAugmentPolicy[name]))
     elif policy == "randaugment":
         magnitude = randaugment_magnitude(float(augment.get("randaugment_magnitude", RANDAUGMENT_LEVELS)))
-        steps.append(v2.RandAugment(num_ops=int(augment.get("randaugment_ops", 2)), magnitude=magnitude,
-                                    num_magnitude_bins=TORCHVISION_RANDAUGMENT_BINS))
+        steps.append(
+            v2.RandAugment(
+                num_ops=int(augment.get("randaugment_ops", 2)),
+                magnitude=magnitude,
+                num_magnitude_bins=TORCHVISION_RANDAUGMENT_BINS,
+            )
+        )
     elif policy:
         raise ValueError(f"augment.auto_augment={policy!r} is not one of null, 'autoaugment', 'randaugment'")
     steps += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
@@ -260,9 +288,14 @@ def build_mixup(augment: dict[str, Any], num_classes: int):
         return None
     from timm.data import Mixup
 
-    return Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, prob=float(augment.get("mix_prob", 1.0)),
-                 switch_prob=0.5, label_smoothing=float(augment.get("label_smoothing", 0.0)),
-                 num_classes=num_classes)
+    return Mixup(
+        mixup_alpha=mixup,
+        cutmix_alpha=cutmix,
+        prob=float(augment.get("mix_prob", 1.0)),
+        switch_prob=0.5,
+        label_smoothing=float(augment.get("label_smoothing", 0.0)),
+        num_classes=num_classes,
+    )
 
 
 @dataclass
@@ -282,8 +315,9 @@ def digits_splits(count: int = 1797, validation_fraction: float = 0.2) -> dict[s
     return {"train": train, "test": test, "fit": train[cut:], "validation": train[:cut]}
 
 
-def _digits(image_size: int, train_split: str = "train", eval_split: str = "test"
-            ) -> tuple[_Split, _Split, dict[int, str]]:
+def _digits(
+    image_size: int, train_split: str = "train", eval_split: str = "test"
+) -> tuple[_Split, _Split, dict[int, str]]:
     images, labels = digits_images(image_size)
     splits = digits_splits(len(labels))
     for name in (train_split, eval_split):
@@ -291,26 +325,38 @@ def _digits(image_size: int, train_split: str = "train", eval_split: str = "test
             raise UserError(f"dataset 'digits' has no split {name!r}; it has {sorted(splits)}")
 
     def split(indices) -> _Split:
-        return _Split(lambda i: (Image.fromarray(images[indices[i]]), int(labels[indices[i]])),
-                      lambda i: f"digits image {indices[i]}", len(indices))
+        return _Split(
+            lambda i: (Image.fromarray(images[indices[i]]), int(labels[indices[i]])),
+            lambda i: f"digits image {indices[i]}",
+            len(indices),
+        )
 
     return split(splits[train_split]), split(splits[eval_split]), {i: str(i) for i in range(10)}
 
 
-def _hf(name: str, loaded, train_split: str, eval_split: str, label_column: str | None = None,
-        ) -> tuple[_Split | IterableDataset, _Split | IterableDataset, dict[int, str]]:
+def _hf(
+    name: str,
+    loaded,
+    train_split: str,
+    eval_split: str,
+    label_column: str | None = None,
+) -> tuple[_Split | IterableDataset, _Split | IterableDataset, dict[int, str]]:
     """The two splits of a loaded ``datasets.DatasetDict`` (or a streamed ``IterableDatasetDict``): the image
     and label columns chosen by name (:func:`official_data.image_column`, :func:`official_data.label_column`)."""
     from polar_vit_hf.training.official_data import image_column, label_column as choose_label
 
     for split in (train_split, eval_split):
         if split not in loaded:
-            raise UserError(f"dataset {name!r} has no split {split!r}; it has {sorted(loaded)} "
-                            f"(choose with --train_split / --eval_split)")
+            raise UserError(
+                f"dataset {name!r} has no split {split!r}; it has {sorted(loaded)} "
+                f"(choose with --train_split / --eval_split)"
+            )
     features = loaded[train_split].features
     if features is None:
-        raise UserError(f"dataset {name!r}: its streamed features are unknown, so the image and label columns "
-                        f"cannot be chosen; load it without --streaming once to cache its metadata")
+        raise UserError(
+            f"dataset {name!r}: its streamed features are unknown, so the image and label columns "
+            f"cannot be chosen; load it without --streaming once to cache its metadata"
+        )
     image_key, label_key = image_column(features, name), choose_label(features, name, label_column)
     names = features[label_key].names
 
@@ -346,11 +392,19 @@ class StreamedSplit:
     name: str
 
 
-def build_data(dataset: str, image_size: int, augment: dict[str, Any], data_dir: str | None = None,
-               train_split: str = "train", eval_split: str = "test",
-               max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, bad_sample_log: Path | None = None,
-               options: DataOptions | None = None, label_column: str | None = None, seed: int = 0,
-               ) -> ClassificationData:
+def build_data(
+    dataset: str,
+    image_size: int,
+    augment: dict[str, Any],
+    data_dir: str | None = None,
+    train_split: str = "train",
+    eval_split: str = "test",
+    max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
+    bad_sample_log: Path | None = None,
+    options: DataOptions | None = None,
+    label_column: str | None = None,
+    seed: int = 0,
+) -> ClassificationData:
     """Train and held-out datasets with their transforms, and ``id2label``.
 
     ``dataset`` is ``digits``, ``fashion_mnist``, ``webdataset``, an official layout under ``data_dir``
@@ -378,10 +432,10 @@ def build_data(dataset: str, image_size: int, augment: dict[str, Any], data_dir:
         transform = build_transforms(image_size, augment, train=is_train)
         if isinstance(split, StreamedSplit):
             table = split.table.shuffle(seed=seed, buffer_size=STREAM_SHUFFLE_BUFFER) if is_train else split.table
-            return TransformedStream(table, split.image_key, split.label_key, transform, split.name,
-                                     max_bad_fraction, bad_sample_log)
-        return TransformedDataset(split.length, split.get, transform, split.describe, max_bad_fraction,
-                                  bad_sample_log)
+            return TransformedStream(
+                table, split.image_key, split.label_key, transform, split.name, max_bad_fraction, bad_sample_log
+            )
+        return TransformedDataset(split.length, split.get, transform, split.describe, max_bad_fraction, bad_sample_log)
 
     return ClassificationData(wrap(train, True), wrap(held_out, False), id2label)
 
@@ -397,8 +451,9 @@ def _imagefolder(data_dir: str | None):
     try:
         return datasets.load_dataset("imagefolder", data_dir=data_dir)
     except FileNotFoundError as error:  # EmptyDatasetError is one
-        raise UserError(f"--data_dir {data_dir}: no images found ({error}); expected "
-                        f"DIR/<split>/<label>/<image>") from None
+        raise UserError(
+            f"--data_dir {data_dir}: no images found ({error}); expected DIR/<split>/<label>/<image>"
+        ) from None
 
 
 def unique_bad_samples(log: Path) -> list[str]:

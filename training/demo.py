@@ -47,8 +47,21 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
 def run_digits(arch: str, output_dir: Path, max_steps: int = 200, extra: list[str] | None = None) -> list[dict]:
     """Train ``arch`` (``polar`` / ``euclidean``) on the digits with the ``digits-demo`` recipe of
     ``training/pretrain.py``; returns the rows of its ``metrics.csv`` (the last holds the held-out accuracy)."""
-    code = pretrain.main(["--recipe", "digits-demo", "--arch", arch, "--output_dir", str(output_dir),
-                          "--max_steps", str(max_steps), "--eval_steps", str(max_steps), *(extra or [])])
+    code = pretrain.main(
+        [
+            "--recipe",
+            "digits-demo",
+            "--arch",
+            arch,
+            "--output_dir",
+            str(output_dir),
+            "--max_steps",
+            str(max_steps),
+            "--eval_steps",
+            str(max_steps),
+            *(extra or []),
+        ]
+    )
     if code:
         raise RuntimeError(f"pretraining {arch} on the digits failed (exit status {code})")
     return read_metrics(output_dir)

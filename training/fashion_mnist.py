@@ -30,8 +30,18 @@ FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 SIZES = {"train": 60000, "test": 10000}
-CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-               "Ankle boot")
+CLASS_NAMES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 HUB_NAME = "zalando-datasets/fashion_mnist"
 IDX_UBYTE = 0x08
@@ -59,8 +69,10 @@ def read_idx(path: Path, expect_dims: int | None = None) -> np.ndarray:
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as error:
-        raise IdxError(f"{path}: cannot be read as {'gzip' if path.suffix == '.gz' else 'a file'} ({error}); "
-                       f"the download is damaged, fetch it again") from None
+        raise IdxError(
+            f"{path}: cannot be read as {'gzip' if path.suffix == '.gz' else 'a file'} ({error}); "
+            f"the download is damaged, fetch it again"
+        ) from None
     if len(raw) < 4 or raw[:2] != b"\0\0":
         raise IdxError(f"{path}: not an IDX file (it starts with {raw[:4].hex() or 'nothing'}, expected 0000 08 0n)")
     code, dims = raw[2], raw[3]
@@ -75,8 +87,10 @@ def read_idx(path: Path, expect_dims: int | None = None) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     if len(raw) - header != count:
         state = "truncated" if len(raw) - header < count else "longer than declared"
-        raise IdxError(f"{path}: {state}: the header declares shape {tuple(shape)} ({count} bytes of data), "
-                       f"the file holds {len(raw) - header}")
+        raise IdxError(
+            f"{path}: {state}: the header declares shape {tuple(shape)} ({count} bytes of data), "
+            f"the file holds {len(raw) - header}"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
 
 
@@ -95,8 +109,10 @@ def idx_directory(data_dir: str | Path | None = None) -> Path | None:
         directory = Path(data_dir)
         missing = [stem for stem in stems if find_file(directory, stem) is None]
         if missing:
-            raise UserError(f"--data_dir {directory}: missing Fashion-MNIST file(s) {', '.join(missing)} "
-                            f"(.gz or not); python -m polar_vit_hf.training.fetch_data fashion-mnist fetches them")
+            raise UserError(
+                f"--data_dir {directory}: missing Fashion-MNIST file(s) {', '.join(missing)} "
+                f"(.gz or not); python -m polar_vit_hf.training.fetch_data fashion-mnist fetches them"
+            )
         return directory
     for directory in (DEBIAN_DIR, cache_dir()):
         if all(find_file(directory, stem) is not None for stem in stems):
@@ -129,8 +145,13 @@ def with_validation(splits, fraction: float = VALIDATION_FRACTION, seed: int = 0
 
     order = np.random.default_rng(seed).permutation(len(splits["train"]))
     cut = int(round(fraction * len(order)))
-    return datasets.DatasetDict({**splits, "fit": splits["train"].select(np.sort(order[cut:])),
-                                 "validation": splits["train"].select(np.sort(order[:cut]))})
+    return datasets.DatasetDict(
+        {
+            **splits,
+            "fit": splits["train"].select(np.sort(order[cut:])),
+            "validation": splits["train"].select(np.sort(order[:cut])),
+        }
+    )
 
 
 @functools.lru_cache(maxsize=2)
@@ -142,8 +163,9 @@ def load_fashion_mnist(data_dir: str | Path | None = None):
 
     directory = idx_directory(data_dir)
     if directory is not None:
-        return with_validation(datasets.DatasetDict({split: to_dataset(*read_split(directory, split))
-                                                     for split in FILES}))
+        return with_validation(
+            datasets.DatasetDict({split: to_dataset(*read_split(directory, split)) for split in FILES})
+        )
     try:
         return with_validation(datasets.load_dataset(HUB_NAME))
     except Exception as error:  # offline, or the Hub refused: explain both ways to get the files

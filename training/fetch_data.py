@@ -29,14 +29,18 @@ def _unpack_debian_package(scratch: Path) -> Path:
     """``apt-get download`` + ``dpkg-deb -x`` of the package into ``scratch``; the directory with the files."""
     for tool in ("apt-get", "dpkg-deb"):
         if shutil.which(tool) is None:
-            raise UserError(f"Fashion-MNIST is not installed and {tool} is missing: install the Debian package "
-                            f"{DEBIAN_PACKAGE}, or download the four IDX files (github.com/zalandoresearch/"
-                            f"fashion-mnist) and pass --data_dir DIR")
+            raise UserError(
+                f"Fashion-MNIST is not installed and {tool} is missing: install the Debian package "
+                f"{DEBIAN_PACKAGE}, or download the four IDX files (github.com/zalandoresearch/"
+                f"fashion-mnist) and pass --data_dir DIR"
+            )
     done = subprocess.run(["apt-get", "download", DEBIAN_PACKAGE], cwd=scratch, capture_output=True, text=True)
     debs = sorted(scratch.glob(f"{DEBIAN_PACKAGE}_*.deb"))
     if done.returncode != 0 or not debs:
-        raise UserError(f"'apt-get download {DEBIAN_PACKAGE}' failed ({(done.stderr or done.stdout).strip()[-300:]}); "
-                        f"run 'apt-get update' or install the package ({DEBIAN_PACKAGE}) some other way")
+        raise UserError(
+            f"'apt-get download {DEBIAN_PACKAGE}' failed ({(done.stderr or done.stdout).strip()[-300:]}); "
+            f"run 'apt-get update' or install the package ({DEBIAN_PACKAGE}) some other way"
+        )
     subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(scratch / "root")], check=True)
     return scratch / "root" / str(fm.DEBIAN_DIR).lstrip("/")
 

@@ -49,21 +49,40 @@ from polar_vit_hf.cli import UserError, add_debug_flag, command
 METRICS = Path(__file__).resolve().parent / "metrics"
 RECIPES = Path(__file__).resolve().parent / "recipes"
 DEFAULT_TRAIN_SPLIT = {"aircraft": "trainval"}  # the paper's protocol for FGVC-Aircraft
-RUN_ONLY_FLAGS = {"model", "output_dir", "recipe", "resume_from_checkpoint", "push_to_hub", "hub_model_id",
-                  "hub_private", "debug"}  # flags a recipe may not set
+RUN_ONLY_FLAGS = {
+    "model",
+    "output_dir",
+    "recipe",
+    "resume_from_checkpoint",
+    "push_to_hub",
+    "hub_model_id",
+    "hub_private",
+    "debug",
+}  # flags a recipe may not set
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", help="name in training/recipes/ (cub, aircraft) or a YAML path: its entries "
-                                         "become the defaults of the flags below")
+    parser.add_argument(
+        "--recipe",
+        help="name in training/recipes/ (cub, aircraft) or a YAML path: its entries "
+        "become the defaults of the flags below",
+    )
     parser.add_argument("--model", required=True, help="a save_pretrained folder or a Hub id")
-    parser.add_argument("--arch", choices=("polar", "euclidean"), default="polar",
-                        help="euclidean: a transformers ViTForImageClassification checkpoint, trained with AdamW")
+    parser.add_argument(
+        "--arch",
+        choices=("polar", "euclidean"),
+        default="polar",
+        help="euclidean: a transformers ViTForImageClassification checkpoint, trained with AdamW",
+    )
     parser.add_argument("--output_dir", required=True)
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", default=None, help="cub, aircraft, imagenet-1k (official layout with --data_dir), "
-                      "webdataset, a Hub name, 'imagefolder' or 'digits'")
+    data.add_argument(
+        "--dataset",
+        default=None,
+        help="cub, aircraft, imagenet-1k (official layout with --data_dir), "
+        "webdataset, a Hub name, 'imagefolder' or 'digits'",
+    )
     data.add_argument("--data_dir")
     data.add_argument("--train_split", help="default: trainval for aircraft, else train")
     data.add_argument("--eval_split", default="test")
@@ -73,8 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--crop_to_bbox", action="store_true", help="CUB: crop every image to its bounding box")
     data.add_argument("--label_names", help="webdataset: a file of class names, one per line")
     data.add_argument("--image_size", type=int, help="default: the pretrained model's resolution")
-    data.add_argument("--max_bad_fraction", type=float, default=0.01,
-                      help="stop when more than this fraction of the images read cannot be decoded")
+    data.add_argument(
+        "--max_bad_fraction",
+        type=float,
+        default=0.01,
+        help="stop when more than this fraction of the images read cannot be decoded",
+    )
     data.add_argument("--dataloader_num_workers", type=int, default=min(8, os.cpu_count() or 1))
     optim = parser.add_argument_group("optimisation (H-CAST recipe, D.4)")
     optim.add_argument("--epochs", type=float, default=100)
@@ -91,28 +114,46 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--cutmix", type=float, default=1.0)
     optim.add_argument("--rand_augment", default="rand-m9-mstd0.5-inc1", help="timm auto-augment string or 'none'")
     optim.add_argument("--random_erasing", type=float, default=0.25)
-    optim.add_argument("--color_jitter", type=float, default=0.4,
-                       help="timm's colour jitter, applied only without RandAugment (DeiT's default 0.4)")
-    optim.add_argument("--crop_scale", type=float, default=0.08,
-                       help="smallest area fraction of the random resized crop (timm's scale=(MIN, 1)); 1: no random "
-                            "crop (the whole image, resized)")
+    optim.add_argument(
+        "--color_jitter",
+        type=float,
+        default=0.4,
+        help="timm's colour jitter, applied only without RandAugment (DeiT's default 0.4)",
+    )
+    optim.add_argument(
+        "--crop_scale",
+        type=float,
+        default=0.08,
+        help="smallest area fraction of the random resized crop (timm's scale=(MIN, 1)); 1: no random "
+        "crop (the whole image, resized)",
+    )
     optim.add_argument("--hflip", type=float, default=0.5, help="probability of a horizontal flip (0: none)")
     optim.add_argument("--drop_path", type=float, default=0.1)
     optim.add_argument("--seed", type=int, default=0)
     run = parser.add_argument_group("run")
     run.add_argument("--bf16", action="store_true", help="bf16 mixed precision (the model's precision policy)")
     run.add_argument("--tf32", action="store_true", help="TF32 matrix products on Ampere or newer GPUs")
-    run.add_argument("--report_to", default="tensorboard",
-                     help="tensorboard (default), wandb, trackio, all or none (as TrainingArguments)")
+    run.add_argument(
+        "--report_to",
+        default="tensorboard",
+        help="tensorboard (default), wandb, trackio, all or none (as TrainingArguments)",
+    )
     run.add_argument("--logging_steps", type=int, default=10)
     run.add_argument("--save_strategy", choices=("epoch", "steps", "no"), default="epoch")
     run.add_argument("--save_steps", type=int, default=500)
     run.add_argument("--save_total_limit", type=int, default=2)
     run.add_argument("--stop_after_steps", type=int, help="stop right after the checkpoint at this step (preemption)")
-    run.add_argument("--resume_from_checkpoint", nargs="?", const="latest",
-                     help="continue from the newest (or the given) checkpoint of --output_dir")
-    run.add_argument("--push_to_hub", action="store_true",
-                     help="export, verify and push the result (conversion/push.py publish) after training")
+    run.add_argument(
+        "--resume_from_checkpoint",
+        nargs="?",
+        const="latest",
+        help="continue from the newest (or the given) checkpoint of --output_dir",
+    )
+    run.add_argument(
+        "--push_to_hub",
+        action="store_true",
+        help="export, verify and push the result (conversion/push.py publish) after training",
+    )
     run.add_argument("--hub_model_id", help="repo id to push to (default: <your user>/<output_dir name>)")
     run.add_argument("--hub_private", action="store_true")
     run.add_argument("--trust_remote_code", action="store_true")
@@ -133,8 +174,10 @@ def load_recipe(name: str, parser: argparse.ArgumentParser) -> dict:
     settable = {action.dest for action in parser._actions} - RUN_ONLY_FLAGS - {"help"}
     unknown = sorted(set(recipe) - settable - {"effective_batch"} | (set(recipe) & RUN_ONLY_FLAGS))
     if not isinstance(recipe, dict) or unknown:
-        raise UserError(f"--recipe {path}: unknown entries {unknown} (a fine-tuning recipe sets flags of "
-                        f"finetune.py, e.g. dataset, epochs, base_lr)")
+        raise UserError(
+            f"--recipe {path}: unknown entries {unknown} (a fine-tuning recipe sets flags of "
+            f"finetune.py, e.g. dataset, epochs, base_lr)"
+        )
     return recipe
 
 
@@ -174,8 +217,10 @@ def load_config(name: str, arch: str, trust_remote_code: bool):
     try:
         return cls.from_pretrained(str(folder) if folder.exists() else name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
-        raise UserError(f"--model {name}: could not load it as a {cls.__name__} ({str(error).splitlines()[0]}); give "
-                        f"a local save_pretrained folder, or a Hub id that is cached or reachable") from None
+        raise UserError(
+            f"--model {name}: could not load it as a {cls.__name__} ({str(error).splitlines()[0]}); give "
+            f"a local save_pretrained folder, or a Hub id that is cached or reachable"
+        ) from None
 
 
 def build_transforms(image_size: int, args: argparse.Namespace, train: bool):
@@ -184,11 +229,20 @@ def build_transforms(image_size: int, args: argparse.Namespace, train: bool):
 
     auto = None if args.rand_augment == "none" else args.rand_augment
     whole = args.crop_scale >= 1.0  # no random crop: area and aspect ratio fixed
-    return create_transform(input_size=image_size, is_training=train, auto_augment=auto if train else None,
-                            re_prob=args.random_erasing if train else 0.0, interpolation="bicubic",
-                            scale=(min(args.crop_scale, 1.0), 1.0), ratio=(1.0, 1.0) if whole else (3 / 4, 4 / 3),
-                            hflip=args.hflip, color_jitter=args.color_jitter, mean=(0.5, 0.5, 0.5),
-                            std=(0.5, 0.5, 0.5), crop_pct=1.0)
+    return create_transform(
+        input_size=image_size,
+        is_training=train,
+        auto_augment=auto if train else None,
+        re_prob=args.random_erasing if train else 0.0,
+        interpolation="bicubic",
+        scale=(min(args.crop_scale, 1.0), 1.0),
+        ratio=(1.0, 1.0) if whole else (3 / 4, 4 / 3),
+        hflip=args.hflip,
+        color_jitter=args.color_jitter,
+        mean=(0.5, 0.5, 0.5),
+        std=(0.5, 0.5, 0.5),
+        crop_pct=1.0,
+    )
 
 
 class MixupCollator:
@@ -276,14 +330,19 @@ def load_model(args: argparse.Namespace, config, id2label: dict[int, str]):
     if args.arch == "euclidean":
         from transformers import ViTForImageClassification
 
-        model = ViTForImageClassification.from_pretrained(args.model, ignore_mismatched_sizes=True,
-                                                          trust_remote_code=args.trust_remote_code, **labels)
+        model = ViTForImageClassification.from_pretrained(
+            args.model, ignore_mismatched_sizes=True, trust_remote_code=args.trust_remote_code, **labels
+        )
     else:
         import polar_vit_hf as P
 
         model = P.PolarViTForImageClassification.from_pretrained(
-            args.model, ignore_mismatched_sizes=True, drop_path_rate=args.drop_path,
-            trust_remote_code=args.trust_remote_code, **labels)
+            args.model,
+            ignore_mismatched_sizes=True,
+            drop_path_rate=args.drop_path,
+            trust_remote_code=args.trust_remote_code,
+            **labels,
+        )
     if {int(k): v for k, v in config.id2label.items()} != id2label:
         if args.arch == "euclidean":  # transformers' ViT: a new linear head, initialised by the model's own rule
             model.classifier = torch.nn.Linear(model.config.hidden_size, len(id2label))
@@ -309,15 +368,23 @@ def batch_plan(args: argparse.Namespace, world: int, train_size: int) -> dict[st
     accum = args.grad_accum
     if args.effective_batch:
         if args.effective_batch % per_step:
-            raise UserError(f"--effective_batch {args.effective_batch} is not a multiple of --per_device_batch_size "
-                            f"{args.per_device_batch_size} x {world} processes")
+            raise UserError(
+                f"--effective_batch {args.effective_batch} is not a multiple of --per_device_batch_size "
+                f"{args.per_device_batch_size} x {world} processes"
+            )
         accum = args.effective_batch // per_step
     effective = per_step * accum
     steps_per_epoch = max(1, train_size // per_step // accum)
     total = args.max_steps if args.max_steps > 0 else int(math.ceil(args.epochs * steps_per_epoch))
-    return dict(world=world, grad_accum=accum, effective_batch=effective, lr=args.base_lr * effective / 512,
-                steps_per_epoch=steps_per_epoch, steps=total,
-                warmup_steps=min(total, int(args.warmup_epochs * steps_per_epoch)))
+    return dict(
+        world=world,
+        grad_accum=accum,
+        effective_batch=effective,
+        lr=args.base_lr * effective / 512,
+        steps_per_epoch=steps_per_epoch,
+        steps=total,
+        warmup_steps=min(total, int(args.warmup_epochs * steps_per_epoch)),
+    )
 
 
 def latest_checkpoint(output_dir: Path) -> str | None:
@@ -346,57 +413,104 @@ def main(argv: list[str] | None = None) -> int:
     output_dir = Path(args.output_dir)
     resume = None
     if args.resume_from_checkpoint:
-        resume = latest_checkpoint(output_dir) if args.resume_from_checkpoint == "latest" else \
-            args.resume_from_checkpoint
+        resume = (
+            latest_checkpoint(output_dir) if args.resume_from_checkpoint == "latest" else args.resume_from_checkpoint
+        )
         if resume is None or not Path(resume).is_dir():
             raise UserError(f"--resume_from_checkpoint: no checkpoint in {output_dir} ({args.resume_from_checkpoint})")
     elif latest_checkpoint(output_dir) is not None:
-        raise UserError(f"{output_dir} already holds checkpoints ({latest_checkpoint(output_dir)}); pass "
-                        f"--resume_from_checkpoint to continue or choose another --output_dir")
+        raise UserError(
+            f"{output_dir} already holds checkpoints ({latest_checkpoint(output_dir)}); pass "
+            f"--resume_from_checkpoint to continue or choose another --output_dir"
+        )
     if state.is_main_process:
         prepare_output_dir(output_dir)
     state.wait_for_everyone()
-    options = DataOptions(args.dataset, args.data_dir, annotation=args.annotation, keep_banner=args.keep_banner,
-                          crop_to_bbox=args.crop_to_bbox, label_names=args.label_names)
+    options = DataOptions(
+        args.dataset,
+        args.data_dir,
+        annotation=args.annotation,
+        keep_banner=args.keep_banner,
+        crop_to_bbox=args.crop_to_bbox,
+        label_names=args.label_names,
+    )
     with state.main_process_first():  # the main process fills the datasets cache first
-        raw = build_data(args.dataset, image_size, {}, args.data_dir, args.train_split, args.eval_split,
-                         args.max_bad_fraction, output_dir / "bad_samples.txt", options=options,
-                         label_column=args.label_column, seed=args.seed)
+        raw = build_data(
+            args.dataset,
+            image_size,
+            {},
+            args.data_dir,
+            args.train_split,
+            args.eval_split,
+            args.max_bad_fraction,
+            output_dir / "bad_samples.txt",
+            options=options,
+            label_column=args.label_column,
+            seed=args.seed,
+        )
     train = raw.train.with_transform(build_transforms(image_size, args, True))
     held_out = raw.eval.with_transform(build_transforms(image_size, args, False))
     model = load_model(args, config, raw.id2label)
     plan = batch_plan(args, state.num_processes, len(train))
     mixup = None
     if args.mixup > 0 or args.cutmix > 0:
-        mixup = Mixup(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, label_smoothing=args.label_smoothing,
-                      num_classes=len(raw.id2label))
+        mixup = Mixup(
+            mixup_alpha=args.mixup,
+            cutmix_alpha=args.cutmix,
+            label_smoothing=args.label_smoothing,
+            num_classes=len(raw.id2label),
+        )
     interpolate = args.arch == "polar" and image_size != config.image_size
     by_steps = args.max_steps > 0
     training_args = TrainingArguments(
-        output_dir=args.output_dir, num_train_epochs=args.epochs, max_steps=plan["steps"],
-        per_device_train_batch_size=args.per_device_batch_size, per_device_eval_batch_size=args.per_device_batch_size,
-        gradient_accumulation_steps=plan["grad_accum"], learning_rate=plan["lr"], lr_scheduler_type="cosine",
-        warmup_steps=plan["warmup_steps"], max_grad_norm=args.max_grad_norm,
-        eval_strategy="steps" if by_steps else "epoch", eval_steps=plan["steps"] if by_steps else None,
+        output_dir=args.output_dir,
+        num_train_epochs=args.epochs,
+        max_steps=plan["steps"],
+        per_device_train_batch_size=args.per_device_batch_size,
+        per_device_eval_batch_size=args.per_device_batch_size,
+        gradient_accumulation_steps=plan["grad_accum"],
+        learning_rate=plan["lr"],
+        lr_scheduler_type="cosine",
+        warmup_steps=plan["warmup_steps"],
+        max_grad_norm=args.max_grad_norm,
+        eval_strategy="steps" if by_steps else "epoch",
+        eval_steps=plan["steps"] if by_steps else None,
         save_strategy=args.save_strategy if not (by_steps and args.save_strategy == "epoch") else "steps",
-        save_steps=args.save_steps, save_total_limit=args.save_total_limit, logging_steps=args.logging_steps,
-        seed=args.seed, data_seed=args.seed, report_to=[] if args.report_to == "none" else [args.report_to],
-        remove_unused_columns=False, dataloader_drop_last=True, dataloader_num_workers=args.dataloader_num_workers,
+        save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit,
+        logging_steps=args.logging_steps,
+        seed=args.seed,
+        data_seed=args.seed,
+        report_to=[] if args.report_to == "none" else [args.report_to],
+        remove_unused_columns=False,
+        dataloader_drop_last=True,
+        dataloader_num_workers=args.dataloader_num_workers,
         dataloader_persistent_workers=args.dataloader_num_workers > 0,
-        dataloader_pin_memory=torch.cuda.is_available(), bf16=args.bf16, tf32=True if args.tf32 else None,
-        use_cpu=not torch.cuda.is_available(), ddp_find_unused_parameters=False,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        bf16=args.bf16,
+        tf32=True if args.tf32 else None,
+        use_cpu=not torch.cuda.is_available(),
+        ddp_find_unused_parameters=False,
     )
     accuracy = evaluate.load(str(METRICS / "accuracy"))
     trainer = SoftTargetTrainer(
-        model=model, args=training_args, train_dataset=train, eval_dataset=held_out,
-        data_collator=MixupCollator(mixup, interpolate), eval_collator=MixupCollator(None, interpolate),
-        compute_metrics=top_k_metrics(accuracy), label_smoothing=args.label_smoothing,
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=held_out,
+        data_collator=MixupCollator(mixup, interpolate),
+        eval_collator=MixupCollator(None, interpolate),
+        compute_metrics=top_k_metrics(accuracy),
+        label_smoothing=args.label_smoothing,
         optimizers=(build_optimizer(model, args.arch, args.weight_decay, plan["lr"]), None),
         callbacks=[StopAfterSteps(args.stop_after_steps)] if args.stop_after_steps else None,
     )
     trainer.train(resume_from_checkpoint=resume)
-    if args.stop_after_steps and trainer.state.global_step == args.stop_after_steps \
-            and trainer.state.global_step < plan["steps"]:
+    if (
+        args.stop_after_steps
+        and trainer.state.global_step == args.stop_after_steps
+        and trainer.state.global_step < plan["steps"]
+    ):
         print(f"stopping after the checkpoint at step {args.stop_after_steps} (--stop_after_steps)")
         return 0
     metrics = trainer.evaluate()
@@ -406,8 +520,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer.save_state()  # trainer_state.json: the per-step log (loss, learning rate, gradient norm)
         save_processor(Path(args.output_dir), image_size, args.arch)
         write_run_info(Path(args.output_dir), args, config, raw, image_size, plan)
-        print(f"held-out accuracy ({args.eval_split}, {metrics.get('eval_count')} images) at the last step: "
-              f"top-1 {metrics.get('eval_accuracy')}, top-5 {metrics.get('eval_top_5_accuracy')}")
+        print(
+            f"held-out accuracy ({args.eval_split}, {metrics.get('eval_count')} images) at the last step: "
+            f"top-1 {metrics.get('eval_accuracy')}, top-5 {metrics.get('eval_top_5_accuracy')}"
+        )
     trainer.accelerator.wait_for_everyone()
     if args.push_to_hub and trainer.is_world_process_zero():
         from polar_vit_hf.conversion.push import publish
@@ -426,17 +542,37 @@ def save_processor(folder: Path, image_size: int, arch: str) -> None:
 def write_run_info(folder: Path, args: argparse.Namespace, config, raw, image_size: int, plan: dict) -> None:
     """``run_info.json``: what ``conversion/export.py`` writes into the model card."""
     revision = getattr(config, "_commit_hash", None)
-    info = {"script": "training/finetune.py", "arch": args.arch, "init_from": args.model,
-            "base_model": None if Path(args.model).expanduser().exists() else args.model,
-            "base_model_revision": revision, "dataset": args.dataset, "train_split": args.train_split,
-            "eval_split": args.eval_split, "num_labels": len(raw.id2label), "image_size": image_size,
-            "lr": plan["lr"], "effective_batch": plan["effective_batch"], "processes": plan["world"],
-            "grad_accum": plan["grad_accum"], "steps": plan["steps"], "warmup_steps": plan["warmup_steps"],
-            "weight_decay": args.weight_decay, "max_grad_norm": args.max_grad_norm,
-            "label_smoothing": args.label_smoothing, "mixup": args.mixup, "cutmix": args.cutmix,
-            "rand_augment": args.rand_augment, "random_erasing": args.random_erasing, "crop_scale": args.crop_scale,
-            "hflip": args.hflip, "drop_path": args.drop_path, "bf16": args.bf16, "seed": args.seed,
-            "recipe": args.recipe}
+    info = {
+        "script": "training/finetune.py",
+        "arch": args.arch,
+        "init_from": args.model,
+        "base_model": None if Path(args.model).expanduser().exists() else args.model,
+        "base_model_revision": revision,
+        "dataset": args.dataset,
+        "train_split": args.train_split,
+        "eval_split": args.eval_split,
+        "num_labels": len(raw.id2label),
+        "image_size": image_size,
+        "lr": plan["lr"],
+        "effective_batch": plan["effective_batch"],
+        "processes": plan["world"],
+        "grad_accum": plan["grad_accum"],
+        "steps": plan["steps"],
+        "warmup_steps": plan["warmup_steps"],
+        "weight_decay": args.weight_decay,
+        "max_grad_norm": args.max_grad_norm,
+        "label_smoothing": args.label_smoothing,
+        "mixup": args.mixup,
+        "cutmix": args.cutmix,
+        "rand_augment": args.rand_augment,
+        "random_erasing": args.random_erasing,
+        "crop_scale": args.crop_scale,
+        "hflip": args.hflip,
+        "drop_path": args.drop_path,
+        "bf16": args.bf16,
+        "seed": args.seed,
+        "recipe": args.recipe,
+    }
     (folder / "run_info.json").write_text(json.dumps(info, indent=2))
 
 

@@ -69,21 +69,34 @@ class HubAlias:
 
 
 HUB_ALIASES = {
-    "cub": HubAlias("bentrevett/caltech-ucsd-birds-200-2011", "label",
-                    local_layout="--dataset cub --data_dir ROOT with ROOT/CUB_200_2011/images.txt (from "
-                                 "CUB_200_2011.tgz)"),
-    "aircraft": HubAlias("HuggingFaceM4/FGVC-Aircraft", "variant",
-                         local_layout="--dataset aircraft --data_dir ROOT with ROOT/fgvc-aircraft-2013b/data/"
-                                      "images_variant_trainval.txt (from fgvc-aircraft-2013b.tar.gz)"),
-    "imagenet-1k": HubAlias("ILSVRC/imagenet-1k", "label",
-                            local_layout="--dataset imagenet-1k --data_dir ROOT with ROOT/train/<wnid>/, ROOT/val/ "
-                                         "and ROOT/ILSVRC2012_devkit_t12(.tar.gz)"),
+    "cub": HubAlias(
+        "bentrevett/caltech-ucsd-birds-200-2011",
+        "label",
+        local_layout="--dataset cub --data_dir ROOT with ROOT/CUB_200_2011/images.txt (from CUB_200_2011.tgz)",
+    ),
+    "aircraft": HubAlias(
+        "HuggingFaceM4/FGVC-Aircraft",
+        "variant",
+        local_layout="--dataset aircraft --data_dir ROOT with ROOT/fgvc-aircraft-2013b/data/"
+        "images_variant_trainval.txt (from fgvc-aircraft-2013b.tar.gz)",
+    ),
+    "imagenet-1k": HubAlias(
+        "ILSVRC/imagenet-1k",
+        "label",
+        local_layout="--dataset imagenet-1k --data_dir ROOT with ROOT/train/<wnid>/, ROOT/val/ "
+        "and ROOT/ILSVRC2012_devkit_t12(.tar.gz)",
+    ),
     "cifar100": HubAlias("uoft-cs/cifar100", "fine_label", "img"),
     "cifar10": HubAlias("uoft-cs/cifar10", "label", "img"),
     "tiny-imagenet": HubAlias("zh-plus/tiny-imagenet", "label"),
 }
-ALIAS_NAMES = {"imagenet1k": "imagenet-1k", "imagenet": "imagenet-1k", "fgvc-aircraft": "aircraft",
-               "cub-200-2011": "cub", "cub200": "cub"}
+ALIAS_NAMES = {
+    "imagenet1k": "imagenet-1k",
+    "imagenet": "imagenet-1k",
+    "fgvc-aircraft": "aircraft",
+    "cub-200-2011": "cub",
+    "cub200": "cub",
+}
 
 
 def canonical_name(name: str) -> str:
@@ -162,8 +175,10 @@ def _dataset(columns: dict[str, list], features: datasets.Features) -> datasets.
     return datasets.Dataset.from_dict(columns, features=features)
 
 
-def with_image_transform(data: datasets.DatasetDict, crop: Callable[[Image.Image, dict], Image.Image],
-                         ) -> datasets.DatasetDict:
+def with_image_transform(
+    data: datasets.DatasetDict,
+    crop: Callable[[Image.Image, dict], Image.Image],
+) -> datasets.DatasetDict:
     """Every split decoding its images through ``crop(image, row)`` (``datasets``' ``set_transform``: applied on
     access, so the arrow table keeps the files as they are)."""
 
@@ -212,8 +227,7 @@ def load_cub(root: str | os.PathLike, crop_to_bbox: bool = False) -> datasets.Da
     tables = {
         "labels": keyed(read_rows(base / "image_class_labels.txt", 2, "'<image id> <class id>'"), "image id"),
         "split": keyed(read_rows(base / "train_test_split.txt", 2, "'<image id> <1 train | 0 test>'"), "image id"),
-        "bbox": keyed(read_rows(base / "bounding_boxes.txt", 5, "'<image id> <x> <y> <width> <height>'"),
-                      "image id"),
+        "bbox": keyed(read_rows(base / "bounding_boxes.txt", 5, "'<image id> <x> <y> <width> <height>'"), "image id"),
     }
     for table in tables.values():  # ids that name no image
         for key, row in table.items():
@@ -239,8 +253,9 @@ def load_cub(root: str | os.PathLike, crop_to_bbox: bool = False) -> datasets.Da
         target["label"].append(label - 1)
         target["image_id"].append(int(key))
         target["bbox"].append([box_row.number(i, "bounding box coordinate") for i in range(1, 5)])
-    features = _image_features(names, image_id=datasets.Value("int32"),
-                               bbox=datasets.List(datasets.Value("float32"), length=4))
+    features = _image_features(
+        names, image_id=datasets.Value("int32"), bbox=datasets.List(datasets.Value("float32"), length=4)
+    )
     data = datasets.DatasetDict({split: _dataset(cols, features) for split, cols in columns.items()})
     return with_image_transform(data, _crop_to_bbox) if crop_to_bbox else data
 
@@ -251,8 +266,14 @@ def load_cub(root: str | os.PathLike, crop_to_bbox: bool = False) -> datasets.Da
 def aircraft_root(root: str | os.PathLike) -> Path | None:
     """The ``data`` folder of FGVC-Aircraft in ``root`` (``fgvc-aircraft-2013b/data``, ``data`` or ``root``)."""
     root = Path(root)
-    return next((p for p in (root / "fgvc-aircraft-2013b" / "data", root / "data", root)
-                 if (p / "images").is_dir() and (p / "variants.txt").is_file()), None)
+    return next(
+        (
+            p
+            for p in (root / "fgvc-aircraft-2013b" / "data", root / "data", root)
+            if (p / "images").is_dir() and (p / "variants.txt").is_file()
+        ),
+        None,
+    )
 
 
 def remove_banner(image: Image.Image, row: dict | None = None) -> Image.Image:
@@ -274,8 +295,11 @@ def _aircraft_level(base: Path, level: str, split: str, names: list[str]) -> dic
     return out
 
 
-def load_aircraft(root: str | os.PathLike, annotation: str = "variant", keep_banner: bool = False,
-                  ) -> datasets.DatasetDict:
+def load_aircraft(
+    root: str | os.PathLike,
+    annotation: str = "variant",
+    keep_banner: bool = False,
+) -> datasets.DatasetDict:
     """FGVC-Aircraft 2013b from its official files (module docstring): ``train`` / ``val`` / ``trainval`` /
     ``test`` with ``image``, ``label`` (at the ``annotation`` level), the other levels whose files are there,
     ``image_id`` and ``bbox`` (``xmin, ymin, xmax, ymax``); the banner removed unless ``keep_banner``."""
@@ -283,19 +307,28 @@ def load_aircraft(root: str | os.PathLike, annotation: str = "variant", keep_ban
         raise UserError(f"--annotation {annotation}: expected one of {', '.join(AIRCRAFT_ANNOTATIONS)}")
     base = aircraft_root(root)
     if base is None:
-        raise LayoutError(f"{root}: no fgvc-aircraft-2013b/data/ with images/ and variants.txt (extract "
-                          f"fgvc-aircraft-2013b.tar.gz there)")
+        raise LayoutError(
+            f"{root}: no fgvc-aircraft-2013b/data/ with images/ and variants.txt (extract "
+            f"fgvc-aircraft-2013b.tar.gz there)"
+        )
     names = {}
     for level, filename in AIRCRAFT_ANNOTATIONS.items():
         if level == annotation or (base / filename).is_file():
-            names[level] = [row.fields[0] for row in read_rows(base / filename, 1, "one class name per line",
-                                                               last_takes_rest=True)]
-    levels = [annotation] + [level for level in names if level != annotation
-                             and all((base / f"images_{level}_{s}.txt").is_file() for s in AIRCRAFT_SPLITS)]
+            names[level] = [
+                row.fields[0] for row in read_rows(base / filename, 1, "one class name per line", last_takes_rest=True)
+            ]
+    levels = [annotation] + [
+        level
+        for level in names
+        if level != annotation and all((base / f"images_{level}_{s}.txt").is_file() for s in AIRCRAFT_SPLITS)
+    ]
     boxes = keyed(read_rows(base / "images_box.txt", 5, "'<image id> <xmin> <ymin> <xmax> <ymax>'"), "image id")
-    features = _image_features(names[annotation], image_id=datasets.Value("string"),
-                               bbox=datasets.List(datasets.Value("float32"), length=4),
-                               **{level: datasets.ClassLabel(names=names[level]) for level in levels[1:]})
+    features = _image_features(
+        names[annotation],
+        image_id=datasets.Value("string"),
+        bbox=datasets.List(datasets.Value("float32"), length=4),
+        **{level: datasets.ClassLabel(names=names[level]) for level in levels[1:]},
+    )
     data = {}
     for split in AIRCRAFT_SPLITS:
         labels = {level: _aircraft_level(base, level, split, names[level]) for level in levels}
@@ -348,11 +381,11 @@ def _read_devkit(devkit: Path) -> ImageNetMeta:
         raise LayoutError(f"{meta_path}: missing (the devkit is incomplete: extract ILSVRC2012_devkit_t12.tar.gz)")
     try:
         synsets = loadmat(str(meta_path), squeeze_me=True)["synsets"]
-        records = [(int(s["ILSVRC2012_ID"]), str(s["WNID"]), str(s["words"]), int(s["num_children"]))
-                   for s in synsets]
+        records = [(int(s["ILSVRC2012_ID"]), str(s["WNID"]), str(s["words"]), int(s["num_children"])) for s in synsets]
     except (MatReadError, ValueError, KeyError, TypeError, OSError) as error:
-        raise LayoutError(f"{meta_path}: not a readable ILSVRC2012 meta.mat (truncated?): "
-                          f"{type(error).__name__}: {error}") from None
+        raise LayoutError(
+            f"{meta_path}: not a readable ILSVRC2012 meta.mat (truncated?): {type(error).__name__}: {error}"
+        ) from None
     leaves = [(index, wnid, words) for index, wnid, words, children in records if children == 0]
     id_to_wnid = {index: wnid for index, wnid, _ in leaves}
     truth_path = devkit / "data" / "ILSVRC2012_validation_ground_truth.txt"
@@ -399,8 +432,10 @@ def load_imagenet(root: str | os.PathLike) -> datasets.DatasetDict:
     wnid order, named by the synsets' words) and ``wnid``."""
     root = Path(root)
     if imagenet_root(root) is None:
-        raise LayoutError(f"{root}: no train/ or val/ folder (the ILSVRC2012 layout: train/<wnid>/*.JPEG, "
-                          f"val/ILSVRC2012_val_*.JPEG, {DEVKIT}/)")
+        raise LayoutError(
+            f"{root}: no train/ or val/ folder (the ILSVRC2012 layout: train/<wnid>/*.JPEG, "
+            f"val/ILSVRC2012_val_*.JPEG, {DEVKIT}/)"
+        )
     meta = read_devkit(root)
     splits: dict[str, list[tuple[Path, str]]] = {}
     if (root / "train").is_dir():
@@ -409,16 +444,21 @@ def load_imagenet(root: str | os.PathLike) -> datasets.DatasetDict:
         flat = _images_in(root / "val")
         if flat:  # the official flat folder: labels from the devkit's ground truth, in file-name order
             if meta is None or meta.validation_wnids is None:
-                raise LayoutError(f"{root / 'val'}: {len(flat)} images in one folder need the devkit's labels: put "
-                                  f"{DEVKIT}/ (or {DEVKIT}.tar.gz) in {root}")
+                raise LayoutError(
+                    f"{root / 'val'}: {len(flat)} images in one folder need the devkit's labels: put "
+                    f"{DEVKIT}/ (or {DEVKIT}.tar.gz) in {root}"
+                )
             truth = root / DEVKIT / "data" / "ILSVRC2012_validation_ground_truth.txt"
             if len(meta.validation_wnids) != len(flat):
-                raise LayoutError(f"{truth}: {len(meta.validation_wnids)} labels for {len(flat)} images in "
-                                  f"{root / 'val'} (truncated devkit or image folder?)")
+                raise LayoutError(
+                    f"{truth}: {len(meta.validation_wnids)} labels for {len(flat)} images in "
+                    f"{root / 'val'} (truncated devkit or image folder?)"
+                )
             splits["validation"] = list(zip(flat, meta.validation_wnids))
         else:
-            splits["validation"] = [(path, wnid) for wnid, paths in _class_folders(root / "val").items()
-                                    for path in paths]
+            splits["validation"] = [
+                (path, wnid) for wnid, paths in _class_folders(root / "val").items() for path in paths
+            ]
     wnids = meta.wnids if meta is not None else sorted({wnid for pairs in splits.values() for _, wnid in pairs})
     index = {wnid: i for i, wnid in enumerate(wnids)}
     names = [meta.words[wnid] for wnid in wnids] if meta is not None else wnids
@@ -427,10 +467,18 @@ def load_imagenet(root: str | os.PathLike) -> datasets.DatasetDict:
     for split, pairs in splits.items():
         unknown = next((wnid for _, wnid in pairs if wnid not in index), None)
         if unknown is not None:
-            raise LayoutError(f"{root / ('train' if split == 'train' else 'val') / unknown}: {unknown} is not one "
-                              f"of the {len(wnids)} ILSVRC2012 classes of the devkit")
-        data[split] = _dataset({"image": [str(p) for p, _ in pairs], "label": [index[w] for _, w in pairs],
-                                "wnid": [w for _, w in pairs]}, features)
+            raise LayoutError(
+                f"{root / ('train' if split == 'train' else 'val') / unknown}: {unknown} is not one "
+                f"of the {len(wnids)} ILSVRC2012 classes of the devkit"
+            )
+        data[split] = _dataset(
+            {
+                "image": [str(p) for p, _ in pairs],
+                "label": [index[w] for _, w in pairs],
+                "wnid": [w for _, w in pairs],
+            },
+            features,
+        )
     return datasets.DatasetDict(data)
 
 
@@ -462,9 +510,13 @@ def _label_names(path: str | os.PathLike) -> list[str]:
     return [row.fields[0] for row in read_rows(Path(path), 1, "one class name per line", last_takes_rest=True)]
 
 
-def load_webdataset(pattern: str, label_names: str | os.PathLike | None = None, image_key: str = "jpg",
-                    label_key: str = "cls", streaming: bool = False,
-                    ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
+def load_webdataset(
+    pattern: str,
+    label_names: str | os.PathLike | None = None,
+    image_key: str = "jpg",
+    label_key: str = "cls",
+    streaming: bool = False,
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     """Webdataset tar shards with ``image_key`` and ``label_key`` members (``datasets``' webdataset builder),
     grouped into splits by :func:`split_of`; columns renamed to ``image`` / ``label``.
 
@@ -476,27 +528,37 @@ def load_webdataset(pattern: str, label_names: str | os.PathLike | None = None, 
     remote = "://" in pattern
     missing = [s for s in shards if not remote and not Path(s).is_file()]
     if missing:
-        raise LayoutError(f"{missing[0]}: no such shard ({len(missing)} of the {len(shards)} shards of "
-                          f"{pattern!r} are missing)")
+        raise LayoutError(
+            f"{missing[0]}: no such shard ({len(missing)} of the {len(shards)} shards of {pattern!r} are missing)"
+        )
     files: dict[str, list[str]] = {}
     for shard in shards:
         files.setdefault(split_of(shard), []).append(shard)
     beside = Path(shards[0]).parent / "classes.txt"
     names = _label_names(label_names) if label_names else (_label_names(beside) if beside.is_file() else None)
     if streaming and names is None:
-        raise UserError("--streaming webdataset shards need the class names: --label_names FILE (one per line) or "
-                        f"{beside}")
+        raise UserError(
+            f"--streaming webdataset shards need the class names: --label_names FILE (one per line) or {beside}"
+        )
     features = None
     if streaming:  # the columns are known up front (a stream infers nothing before it is read)
-        features = datasets.Features({image_key: datasets.Image(), label_key: datasets.ClassLabel(names=names),
-                                      "__key__": datasets.Value("string"), "__url__": datasets.Value("string")})
+        features = datasets.Features(
+            {
+                image_key: datasets.Image(),
+                label_key: datasets.ClassLabel(names=names),
+                "__key__": datasets.Value("string"),
+                "__url__": datasets.Value("string"),
+            }
+        )
     loaded = datasets.load_dataset("webdataset", data_files=files, streaming=streaming, features=features)
     for split, table in loaded.items():
         if streaming:
             continue
         if label_key not in table.column_names:
-            raise LayoutError(f"{files[split][0]}: its samples have no {label_key!r} member (members: "
-                              f"{', '.join(c for c in table.column_names if not c.startswith('__'))})")
+            raise LayoutError(
+                f"{files[split][0]}: its samples have no {label_key!r} member (members: "
+                f"{', '.join(c for c in table.column_names if not c.startswith('__'))})"
+            )
         labels = table[label_key]
         hole = next((i for i, label in enumerate(labels) if label is None), None)
         if hole is not None:
@@ -520,8 +582,9 @@ def _require_label(shards: list[str], label_key: str) -> Callable[[dict], dict]:
 
     def check(example: dict) -> dict:
         if example.get("label") is None:
-            raise LayoutError(f"{example.get('__url__', shards[0])}: sample {example.get('__key__')!r} has no "
-                              f"{label_key!r} member")
+            raise LayoutError(
+                f"{example.get('__url__', shards[0])}: sample {example.get('__key__')!r} has no {label_key!r} member"
+            )
         return example
 
     return check
@@ -534,8 +597,11 @@ def _first_line(error: BaseException) -> str:
     return (str(error).splitlines() or [""])[0]
 
 
-def load_hub(name: str, data_dir: str | None = None, streaming: bool = False,
-             ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
+def load_hub(
+    name: str,
+    data_dir: str | None = None,
+    streaming: bool = False,
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     """A Hub dataset (or a local folder in a Hub repository's layout) by name or alias; the user's mistakes and
     an unreachable Hub as one-line :class:`UserError`s (naming the local layout to use for the aliases)."""
     from datasets.exceptions import DatasetNotFoundError
@@ -545,11 +611,16 @@ def load_hub(name: str, data_dir: str | None = None, streaming: bool = False,
     try:
         loaded = datasets.load_dataset(repo, data_dir=data_dir if alias is None else None, streaming=streaming)
     except (ConnectionError, DatasetNotFoundError, FileNotFoundError, RuntimeError, ValueError) as error:
-        instead = (f"; or use the local files: {alias.local_layout}" if alias and alias.local_layout else
-                   "; or train on local images with --dataset imagefolder --data_dir DIR")
-        raise UserError(f"dataset {repo!r} could not be loaded ({type(error).__name__}: {_first_line(error)}): it "
-                        f"is not in the local cache and the Hub is not reachable (offline?), or it is not a dataset "
-                        f"`datasets` can load (loading scripts are no longer supported){instead}") from None
+        instead = (
+            f"; or use the local files: {alias.local_layout}"
+            if alias and alias.local_layout
+            else "; or train on local images with --dataset imagefolder --data_dir DIR"
+        )
+        raise UserError(
+            f"dataset {repo!r} could not be loaded ({type(error).__name__}: {_first_line(error)}): it "
+            f"is not in the local cache and the Hub is not reachable (offline?), or it is not a dataset "
+            f"`datasets` can load (loading scripts are no longer supported){instead}"
+        ) from None
     if canonical_name(name) == "aircraft" and not streaming and {"train", "validation"} <= set(loaded):
         # the paper's protocol trains on the official trainval split
         loaded["trainval"] = datasets.concatenate_datasets([loaded["train"], loaded["validation"]])
@@ -565,11 +636,12 @@ def label_column(features: datasets.Features, name: str, requested: str | None) 
     if choice is None:
         choice = "label" if "label" in class_labels else (class_labels[0] if len(class_labels) == 1 else None)
     if choice is None:
-        raise UserError(f"dataset {name!r} has several label columns ({', '.join(class_labels) or 'none'}); choose "
-                        f"one with --label_column")
+        raise UserError(
+            f"dataset {name!r} has several label columns ({', '.join(class_labels) or 'none'}); choose "
+            f"one with --label_column"
+        )
     if choice not in features:
-        raise UserError(f"--label_column {choice}: dataset {name!r} has no such column (it has "
-                        f"{', '.join(features)})")
+        raise UserError(f"--label_column {choice}: dataset {name!r} has no such column (it has {', '.join(features)})")
     if not isinstance(features[choice], datasets.ClassLabel):
         raise UserError(f"--label_column {choice}: the column is {features[choice]}, not a ClassLabel")
     return choice
@@ -584,8 +656,10 @@ def image_column(features: datasets.Features, name: str) -> str:
             return candidate
     if len(images) == 1:
         return images[0]
-    raise UserError(f"dataset {name!r} needs one Image column, it has {', '.join(images) or 'none'} "
-                    f"(columns: {', '.join(features)})")
+    raise UserError(
+        f"dataset {name!r} needs one Image column, it has {', '.join(images) or 'none'} "
+        f"(columns: {', '.join(features)})"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -623,8 +697,10 @@ def load(options: DataOptions) -> datasets.DatasetDict | datasets.IterableDatase
     name = canonical_name(options.name)
     if name == "webdataset":
         if not options.data_dir:
-            raise UserError("dataset 'webdataset' needs --data_dir 'SHARDS' (e.g. "
-                            "'shards/imagenet-{train-{0000..1023},validation-{00..63}}.tar')")
+            raise UserError(
+                "dataset 'webdataset' needs --data_dir 'SHARDS' (e.g. "
+                "'shards/imagenet-{train-{0000..1023},validation-{00..63}}.tar')"
+            )
         return load_webdataset(options.data_dir, options.label_names, streaming=options.streaming)
     loader = official_layout(options)
     if loader is not None:
@@ -635,8 +711,9 @@ def load(options: DataOptions) -> datasets.DatasetDict | datasets.IterableDatase
     return load_hub(options.name, options.data_dir, streaming=options.streaming)
 
 
-def summary(name: str, data: datasets.DatasetDict | datasets.IterableDatasetDict,
-            splits: Iterable[str] | None = None) -> str:
+def summary(
+    name: str, data: datasets.DatasetDict | datasets.IterableDatasetDict, splits: Iterable[str] | None = None
+) -> str:
     """``cub: train 5,994 / test 5,794 images, 200 classes`` (streamed splits count as ``?``)."""
     parts = []
     for split in splits or data:

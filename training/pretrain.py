@@ -47,12 +47,29 @@ from polar_vit_hf.cli import UserError, add_debug_flag, command
 RECIPES = Path(__file__).resolve().parent / "recipes"
 CSV_FIELDS = ["step", "epoch", "loss", "lr", "grad_norm", "eval_accuracy", "eval_top5_accuracy", "skipped"]
 # keys a recipe section may hold besides those of the shipped recipes (read with defaults)
-OPTIONAL_RECIPE_KEYS = {"model": {"calibrate_radius", "calibrate_images"},
-                        "data": {"train_split", "eval_split", "label_column"},
-                        "augment": {"crop_min_scale", "eval_resize", "randaugment_ops", "randaugment_magnitude",
-                                    "random_crop_padding", "autoaugment_policy", "random_erasing_max_area"},
-                        "optim": {"epochs", "warmup_epochs", "warmup_steps", "max_steps", "eval_steps", "save_steps",
-                                  "decoupled_wd", "max_grad_norm"}}
+OPTIONAL_RECIPE_KEYS = {
+    "model": {"calibrate_radius", "calibrate_images"},
+    "data": {"train_split", "eval_split", "label_column"},
+    "augment": {
+        "crop_min_scale",
+        "eval_resize",
+        "randaugment_ops",
+        "randaugment_magnitude",
+        "random_crop_padding",
+        "autoaugment_policy",
+        "random_erasing_max_area",
+    },
+    "optim": {
+        "epochs",
+        "warmup_epochs",
+        "warmup_steps",
+        "max_steps",
+        "eval_steps",
+        "save_steps",
+        "decoupled_wd",
+        "max_grad_norm",
+    },
+}
 
 
 class CheckpointError(UserError):
@@ -73,38 +90,68 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save_steps", type=int)
     parser.add_argument("--eval_steps", type=int)
     parser.add_argument("--stop_after_steps", type=int, help="exit cleanly right after the checkpoint at this step")
-    parser.add_argument("--resume", nargs="?", const="latest",
-                        help="continue from the newest (or the given) checkpoint")
-    parser.add_argument("--dataset", help="imagenet-1k / cub / aircraft (official layout with --data_dir), "
-                        "webdataset, a Hub name, 'imagefolder' or 'digits'")
+    parser.add_argument(
+        "--resume", nargs="?", const="latest", help="continue from the newest (or the given) checkpoint"
+    )
+    parser.add_argument(
+        "--dataset",
+        help="imagenet-1k / cub / aircraft (official layout with --data_dir), "
+        "webdataset, a Hub name, 'imagefolder' or 'digits'",
+    )
     parser.add_argument("--data_dir", help="the dataset's folder (official layout), or the webdataset shard pattern")
     parser.add_argument("--label_column", help="the ClassLabel column to train on (default: the dataset's fine label)")
     parser.add_argument("--label_names", help="webdataset: a file of class names, one per line")
     parser.add_argument("--annotation", default="variant", help="FGVC-Aircraft level: variant, family or manufacturer")
     parser.add_argument("--keep_banner", action="store_true", help="FGVC-Aircraft: keep the 20-pixel banner")
     parser.add_argument("--crop_to_bbox", action="store_true", help="CUB: crop every image to its bounding box")
-    parser.add_argument("--streaming", action="store_true",
-                        help="stream the dataset (Hub or webdataset) instead of preparing it on disk first")
+    parser.add_argument(
+        "--streaming",
+        action="store_true",
+        help="stream the dataset (Hub or webdataset) instead of preparing it on disk first",
+    )
     parser.add_argument("--batch_size", type=int, help="global batch size (split across processes)")
     parser.add_argument("--grad_accum", type=int)
     parser.add_argument("--lr", type=float)
-    parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"),
-                        help="overrides `accelerate launch --mixed_precision`, which overrides the recipe")
+    parser.add_argument(
+        "--mixed_precision",
+        choices=("no", "fp16", "bf16"),
+        help="overrides `accelerate launch --mixed_precision`, which overrides the recipe",
+    )
     parser.add_argument("--max_grad_norm", type=float, help="clip the global gradient norm (overrides the recipe)")
     parser.add_argument("--tf32", action="store_true", help="TF32 matrix products on Ampere or newer GPUs")
-    parser.add_argument("--num_workers", type=int, default=min(8, os.cpu_count() or 1),
-                        help="data loader worker processes (default: min(8, CPUs))")
-    parser.add_argument("--init_from", help="start from pretrained weights: a Polar-ViT folder, or for --arch "
-                        "euclidean a transformers ViTForImageClassification folder / Hub id (the head is "
-                        "re-initialised when the labels differ)")
+    parser.add_argument(
+        "--num_workers",
+        type=int,
+        default=min(8, os.cpu_count() or 1),
+        help="data loader worker processes (default: min(8, CPUs))",
+    )
+    parser.add_argument(
+        "--init_from",
+        help="start from pretrained weights: a Polar-ViT folder, or for --arch "
+        "euclidean a transformers ViTForImageClassification folder / Hub id (the head is "
+        "re-initialised when the labels differ)",
+    )
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
     parser.add_argument("--no_progress", action="store_true")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override any recipe entry, e.g. --set augment.mixup=0 --set model.k=0.5")
-    parser.add_argument("--max_bad_fraction", type=float, default=0.01,
-                        help="stop when more than this fraction of the images read cannot be decoded")
-    parser.add_argument("--max_nonfinite_steps", type=int, default=5,
-                        help="stop after this many steps in a row with a non-finite loss, gradient or update")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any recipe entry, e.g. --set augment.mixup=0 --set model.k=0.5",
+    )
+    parser.add_argument(
+        "--max_bad_fraction",
+        type=float,
+        default=0.01,
+        help="stop when more than this fraction of the images read cannot be decoded",
+    )
+    parser.add_argument(
+        "--max_nonfinite_steps",
+        type=int,
+        default=5,
+        help="stop after this many steps in a row with a non-finite loss, gradient or update",
+    )
     add_debug_flag(parser)
     return parser.parse_args(argv)
 
@@ -134,11 +181,17 @@ def allowed_recipe_keys(section: str) -> set[str]:
 
 
 def apply_overrides(recipe: dict, args: argparse.Namespace) -> dict:
-    for key, section, value in (("max_steps", "optim", args.max_steps), ("save_steps", "optim", args.save_steps),
-                                ("eval_steps", "optim", args.eval_steps), ("batch_size", "optim", args.batch_size),
-                                ("grad_accum", "optim", args.grad_accum), ("lr", "optim", args.lr),
-                                ("max_grad_norm", "optim", args.max_grad_norm), ("dataset", "data", args.dataset),
-                                ("label_column", "data", args.label_column)):
+    for key, section, value in (
+        ("max_steps", "optim", args.max_steps),
+        ("save_steps", "optim", args.save_steps),
+        ("eval_steps", "optim", args.eval_steps),
+        ("batch_size", "optim", args.batch_size),
+        ("grad_accum", "optim", args.grad_accum),
+        ("lr", "optim", args.lr),
+        ("max_grad_norm", "optim", args.max_grad_norm),
+        ("dataset", "data", args.dataset),
+        ("label_column", "data", args.label_column),
+    ):
         if value is not None:
             recipe[section][key] = value
     recipe["mixed_precision"] = mixed_precision(args.mixed_precision, recipe.get("mixed_precision", "no"))
@@ -149,8 +202,10 @@ def apply_overrides(recipe: dict, args: argparse.Namespace) -> dict:
             sections = sorted(k for k, v in recipe.items() if isinstance(v, dict))
             raise UserError(f"--set {item!r}: expected SECTION.KEY=VALUE with SECTION in {sections}")
         if key not in allowed_recipe_keys(section):
-            raise UserError(f"--set {item!r}: {section} has no setting {key!r} "
-                            f"(known: {', '.join(sorted(allowed_recipe_keys(section)))})")
+            raise UserError(
+                f"--set {item!r}: {section} has no setting {key!r} "
+                f"(known: {', '.join(sorted(allowed_recipe_keys(section)))})"
+            )
         try:
             recipe[section][key] = yaml.safe_load(raw)
         except yaml.YAMLError as error:
@@ -172,9 +227,13 @@ def build_model(recipe: dict, arch: str, id2label: dict[int, str], init_from: st
     not_config = ("preset", "calibrate_radius", "calibrate_images")
     overrides = {k: v for k, v in recipe["model"].items() if k not in not_config}
     try:
-        config = P.PolarViTConfig.from_preset(recipe["model"]["preset"], image_size=recipe["data"]["image_size"],
-                                              id2label=id2label, label2id={v: k for k, v in id2label.items()},
-                                              **overrides)
+        config = P.PolarViTConfig.from_preset(
+            recipe["model"]["preset"],
+            image_size=recipe["data"]["image_size"],
+            id2label=id2label,
+            label2id={v: k for k, v in id2label.items()},
+            **overrides,
+        )
     except (ValueError, TypeError) as error:
         raise UserError(f"invalid model settings (recipe / --set model.*): {error}") from None
     if init_from is None:
@@ -196,14 +255,19 @@ def calibrate(model, recipe: dict, arch: str, train, accelerator: Accelerator) -
     from polar_vit_hf.training.calibration import calibrate_radii
 
     wanted = int(recipe["model"].get("calibrate_images", 32))
-    items = ([train[i] for i in range(min(wanted, len(train)))] if hasattr(train, "__len__")
-             else list(itertools.islice(iter(train), wanted)))  # a streamed split: its first images
+    items = (
+        [train[i] for i in range(min(wanted, len(train)))]
+        if hasattr(train, "__len__")
+        else list(itertools.islice(iter(train), wanted))
+    )  # a streamed split: its first images
     count = len(items)
     pixels = torch.stack([item[0] for item in items])
     before = calibrate_radii(model, pixels, float(radius))
     spread = [r for radii in before.values() for r in radii]
-    accelerator.print(f"calibrated {len(before)} Polar-FC layers on {count} images: median output radius "
-                      f"{min(spread):.2f}..{max(spread):.2f} -> {float(radius):g}")
+    accelerator.print(
+        f"calibrated {len(before)} Polar-FC layers on {count} images: median output radius "
+        f"{min(spread):.2f}..{max(spread):.2f} -> {float(radius):g}"
+    )
 
 
 def build_optimizer(model, arch: str, optim: dict) -> torch.optim.Optimizer:
@@ -215,8 +279,9 @@ def build_optimizer(model, arch: str, optim: dict) -> torch.optim.Optimizer:
     betas = tuple(optim.get("betas", (0.9, 0.999)))
     decoupled = bool(optim.get("decoupled_wd", False))
     if arch == "polar":
-        return RiemannianAdamW(param_groups(model, optim["weight_decay"]), lr=optim["lr"], betas=betas,
-                               decoupled_wd=decoupled)
+        return RiemannianAdamW(
+            param_groups(model, optim["weight_decay"]), lr=optim["lr"], betas=betas, decoupled_wd=decoupled
+        )
     weight_decay = optim["weight_decay"] / optim["lr"] if decoupled and optim["lr"] > 0 else optim["weight_decay"]
     return torch.optim.AdamW(euclidean_param_groups(model, weight_decay), lr=optim["lr"], betas=betas)
 
@@ -260,8 +325,10 @@ def load_checkpoint(accelerator: Accelerator, path: Path, expected: str) -> dict
     try:
         state = json.loads(state_file.read_text())
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: cannot read {state_file.name} "
-                              f"({error}); delete it or resume from another checkpoint") from error
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or incomplete: cannot read {state_file.name} "
+            f"({error}); delete it or resume from another checkpoint"
+        ) from error
     if state.get("fingerprint") != expected:
         raise CheckpointError(
             f"checkpoint {path} was written by a different run (recipe/arch/seed/process-count fingerprint "
@@ -271,7 +338,8 @@ def load_checkpoint(accelerator: Accelerator, path: Path, expected: str) -> dict
         accelerator.load_state(str(path))
     except Exception as error:  # noqa: BLE001 - any failure to deserialise is reported as such
         raise CheckpointError(
-            f"checkpoint {path} is corrupt or incomplete: {type(error).__name__}: {error}") from error
+            f"checkpoint {path} is corrupt or incomplete: {type(error).__name__}: {error}"
+        ) from error
     return state
 
 
@@ -294,6 +362,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: dict, mod
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
     accelerator.wait_for_everyone()
+
     def write() -> None:
         accelerator.save_state(str(partial))
         accelerator.wait_for_everyone()
@@ -317,8 +386,10 @@ def write_or_stop(what: str, output_dir: Path, write, cleanup: Path | None = Non
             shutil.rmtree(cleanup, ignore_errors=True)
         previous = [p.name for p in checkpoints(output_dir)]
         kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "there is no earlier checkpoint"
-        raise CheckpointError(f"could not write {what} ({type(error).__name__}: {error}); {kept} - free space or "
-                              f"fix permissions, then continue with --resume") from None
+        raise CheckpointError(
+            f"could not write {what} ({type(error).__name__}: {error}); {kept} - free space or "
+            f"fix permissions, then continue with --resume"
+        ) from None
 
 
 def guarded_step(optimizer, model) -> bool:
@@ -427,8 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     existing = checkpoints(output_dir)
     if existing and not args.resume:
-        raise UserError(f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume to continue "
-                        f"or choose another --output_dir")
+        raise UserError(
+            f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume to continue "
+            f"or choose another --output_dir"
+        )
     set_seed(args.seed)
     if args.tf32:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -436,14 +509,29 @@ def main(argv: list[str] | None = None) -> int:
     from polar_vit_hf.training.official_data import DataOptions
 
     bad_log = output_dir / "bad_samples.txt"
-    options = DataOptions(recipe["data"]["dataset"], args.data_dir, annotation=args.annotation,
-                          keep_banner=args.keep_banner, crop_to_bbox=args.crop_to_bbox, label_names=args.label_names,
-                          streaming=args.streaming)
+    options = DataOptions(
+        recipe["data"]["dataset"],
+        args.data_dir,
+        annotation=args.annotation,
+        keep_banner=args.keep_banner,
+        crop_to_bbox=args.crop_to_bbox,
+        label_names=args.label_names,
+        streaming=args.streaming,
+    )
     with accelerator.main_process_first():  # the main process prepares the datasets cache first
-        data = build_data(recipe["data"]["dataset"], recipe["data"]["image_size"], recipe["augment"], args.data_dir,
-                          recipe["data"].get("train_split", "train"), recipe["data"].get("eval_split", "test"),
-                          args.max_bad_fraction, bad_log, options=options,
-                          label_column=recipe["data"].get("label_column"), seed=args.seed)
+        data = build_data(
+            recipe["data"]["dataset"],
+            recipe["data"]["image_size"],
+            recipe["augment"],
+            args.data_dir,
+            recipe["data"].get("train_split", "train"),
+            recipe["data"].get("eval_split", "test"),
+            args.max_bad_fraction,
+            bad_log,
+            options=options,
+            label_column=recipe["data"].get("label_column"),
+            seed=args.seed,
+        )
     model, config = build_model(recipe, args.arch, data.id2label, args.init_from)
     calibrate(model, recipe, args.arch, data.train, accelerator)
     optimizer = build_optimizer(model, args.arch, optim)
@@ -460,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     max_steps, warmup = total_steps(optim, steps_per_epoch)
     scheduler = cosine_with_warmup(optimizer, warmup, max_steps)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, eval_loader, scheduler)
+        model, optimizer, train_loader, eval_loader, scheduler
+    )
     mixup = build_mixup(recipe["augment"], len(data.id2label))
     smoothing = float(recipe["augment"].get("label_smoothing", 0.0))
     expected = fingerprint(recipe, args.arch, args.seed, accelerator.num_processes)
@@ -481,15 +570,29 @@ def main(argv: list[str] | None = None) -> int:
                 with open(metrics_path) as handle:
                     rows = [r for r in csv.DictReader(handle) if int(r["step"]) <= state["step"]]
     output_dir.mkdir(parents=True, exist_ok=True)
-    accelerator.init_trackers("pretrain", config={"arch": args.arch, "recipe": args.recipe, "seed": args.seed,
-                                                  "max_steps": max_steps, "lr": optim["lr"], "batch_size": batch})
+    accelerator.init_trackers(
+        "pretrain",
+        config={
+            "arch": args.arch,
+            "recipe": args.recipe,
+            "seed": args.seed,
+            "max_steps": max_steps,
+            "lr": optim["lr"],
+            "batch_size": batch,
+        },
+    )
     if accelerator.is_main_process:
         (output_dir / "recipe.json").write_text(json.dumps(recipe, indent=2))
         (output_dir / "labels.json").write_text(json.dumps(data.id2label, indent=2))
     from tqdm.auto import tqdm
 
-    progress = tqdm(total=max_steps, initial=state["step"], desc=f"pretrain {args.arch}", unit="step",
-                    disable=args.no_progress or not accelerator.is_main_process)
+    progress = tqdm(
+        total=max_steps,
+        initial=state["step"],
+        desc=f"pretrain {args.arch}",
+        unit="step",
+        disable=args.no_progress or not accelerator.is_main_process,
+    )
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=smoothing)
     model.train()
     stop = False
@@ -524,8 +627,16 @@ def main(argv: list[str] | None = None) -> int:
             state["step"] += 1
             step = state["step"]
             mean_loss = float(accelerator.gather(loss.detach().reshape(1)).mean())
-            row = dict(step=step, epoch=state["epoch"], loss=mean_loss, lr=scheduler.get_last_lr()[0],
-                       grad_norm=grad_norm, eval_accuracy="", eval_top5_accuracy="", skipped=int(skipped))
+            row = dict(
+                step=step,
+                epoch=state["epoch"],
+                loss=mean_loss,
+                lr=scheduler.get_last_lr()[0],
+                grad_norm=grad_norm,
+                eval_accuracy="",
+                eval_top5_accuracy="",
+                skipped=int(skipped),
+            )
             state["nonfinite_in_a_row"] = state.get("nonfinite_in_a_row", 0) + 1 if skipped else 0
             if skipped:
                 accelerator.print(f"step {step}: non-finite loss, gradient or update (loss {mean_loss}); skipped")
@@ -536,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{state['nonfinite_in_a_row']} optimizer steps in a row (up to step {step}) had a non-finite "
                         f"loss, gradient or update, so training stopped; the weights are those before the first of "
                         f"them. Lower the learning rate (--lr) or check the data, then --resume from the last "
-                        f"checkpoint")
+                        f"checkpoint"
+                    )
             if step % int(optim.get("eval_steps", max_steps)) == 0 or step == max_steps:
                 accuracy, top5 = evaluate(model, eval_loader, accelerator)
                 row["eval_accuracy"], row["eval_top5_accuracy"] = accuracy, top5
@@ -544,8 +656,13 @@ def main(argv: list[str] | None = None) -> int:
                     state["best_accuracy"] = accuracy
                     if accelerator.is_main_process:
                         scores = eval_results(accuracy, top5, recipe, step)
-                        write_or_stop("the best model", output_dir, functools.partial(
-                            save_model, accelerator.unwrap_model(model), output_dir / "best_model", scores))
+                        write_or_stop(
+                            "the best model",
+                            output_dir,
+                            functools.partial(
+                                save_model, accelerator.unwrap_model(model), output_dir / "best_model", scores
+                            ),
+                        )
                 state["last_eval"] = eval_results(accuracy, top5, recipe, step)
             rows.append(row)
             accelerator.log({k: v for k, v in row.items() if v != "" and k != "step"}, step=step)
@@ -571,19 +688,32 @@ def main(argv: list[str] | None = None) -> int:
         accelerator.print(f"skipped {len(bad)} unreadable image(s), listed in {bad_log}")
     if accelerator.is_main_process:
         write_metrics(metrics_path, rows)
-        plot_curves([dict(r, step=int(r["step"]), loss=float(r["loss"]),
-                          eval_accuracy=float(r["eval_accuracy"]) if r["eval_accuracy"] not in ("", None) else None)
-                     for r in rows], output_dir / "curves.png", f"{args.arch} on {recipe['data']['dataset']}")
+        plot_curves(
+            [
+                dict(
+                    r,
+                    step=int(r["step"]),
+                    loss=float(r["loss"]),
+                    eval_accuracy=float(r["eval_accuracy"]) if r["eval_accuracy"] not in ("", None) else None,
+                )
+                for r in rows
+            ],
+            output_dir / "curves.png",
+            f"{args.arch} on {recipe['data']['dataset']}",
+        )
         if not stop:
             final = accelerator.unwrap_model(model)
             check_finite_weights(final, "the final model")
-            write_or_stop("the final model", output_dir,
-                          lambda: save_model(final, output_dir / "model", state.get("last_eval")))
+            write_or_stop(
+                "the final model", output_dir, lambda: save_model(final, output_dir / "model", state.get("last_eval"))
+            )
             for folder in (output_dir / "model", output_dir / "best_model"):
                 if folder.exists():
                     save_processor(folder, recipe["data"]["image_size"], args.arch)
-            accelerator.print(f"final held-out accuracy top-1 {rows[-1]['eval_accuracy']}, top-5 "
-                              f"{rows[-1]['eval_top5_accuracy']}; model in {output_dir / 'model'}")
+            accelerator.print(
+                f"final held-out accuracy top-1 {rows[-1]['eval_accuracy']}, top-5 "
+                f"{rows[-1]['eval_top5_accuracy']}; model in {output_dir / 'model'}"
+            )
     accelerator.wait_for_everyone()
     accelerator.end_training()  # also tears down the process group
     return 0
@@ -593,14 +723,23 @@ def loader_options(num_workers: int, device: torch.device) -> dict:
     """DataLoader settings that keep a GPU fed: worker processes kept alive across epochs, four batches prefetched
     per worker, pinned memory for CUDA copies."""
     workers = max(0, int(num_workers))
-    return dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
-                prefetch_factor=4 if workers else None)
+    return dict(
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers else None,
+    )
 
 
 def eval_results(top1: float, top5: float, recipe: dict, step: int) -> dict:
     """The held-out scores saved beside a model (``eval_results.json``: what its model card reports)."""
-    return {"eval_accuracy": top1, "eval_top_5_accuracy": top5, "eval_split": recipe["data"].get("eval_split", "test"),
-            "dataset": recipe["data"]["dataset"], "step": step}
+    return {
+        "eval_accuracy": top1,
+        "eval_top_5_accuracy": top5,
+        "eval_split": recipe["data"].get("eval_split", "test"),
+        "dataset": recipe["data"]["dataset"],
+        "step": step,
+    }
 
 
 def save_model(model, folder: Path, scores: dict | None) -> None:

@@ -21,7 +21,7 @@ def _jpeg(path: Path, size: tuple[int, int], value: int, banner: int = 0) -> Non
     width, height = size
     pixels = np.full((height, width, 3), value, dtype=np.uint8)
     if banner:
-        pixels[height - banner:] = BANNER_VALUE
+        pixels[height - banner :] = BANNER_VALUE
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(pixels).save(path, quality=95)
 
@@ -59,14 +59,24 @@ def write_cub(root: Path, per_class: int = 4) -> CubFixture:
     (base / "classes.txt").write_text("".join(f"{c} {name}\n" for c, name in enumerate(CUB_CLASSES, start=1)))
     (base / "train_test_split.txt").write_text("".join(f"{i} {s}\n" for i, s in split.items()))
     (base / "bounding_boxes.txt").write_text("".join(f"{i} {x} {y} {w} {h}\n" for i, (x, y, w, h) in boxes.items()))
-    return CubFixture(root, CUB_CLASSES, tuple(i for i, s in split.items() if s == 1),
-                      tuple(i for i, s in split.items() if s == 0), boxes, labels)
+    return CubFixture(
+        root,
+        CUB_CLASSES,
+        tuple(i for i, s in split.items() if s == 1),
+        tuple(i for i, s in split.items() if s == 0),
+        boxes,
+        labels,
+    )
 
 
 # (variant, family, manufacturer): names with spaces, slashes and dashes as in the real lists
-AIRCRAFT_CLASSES = (("F/A-18", "F/A-18", "McDonnell Douglas"), ("Cessna 172", "Cessna 172", "Cessna"),
-                    ("DHC-1", "DHC-1", "de Havilland"), ("737-700", "Boeing 737", "Boeing"),
-                    ("737-800", "Boeing 737", "Boeing"))
+AIRCRAFT_CLASSES = (
+    ("F/A-18", "F/A-18", "McDonnell Douglas"),
+    ("Cessna 172", "Cessna 172", "Cessna"),
+    ("DHC-1", "DHC-1", "de Havilland"),
+    ("737-700", "Boeing 737", "Boeing"),
+    ("737-800", "Boeing 737", "Boeing"),
+)
 
 
 @dataclass(frozen=True)
@@ -85,8 +95,7 @@ def write_aircraft(root: Path, per_split: int = 1, height: int = 60) -> Aircraft
     variants = [v for v, _, _ in AIRCRAFT_CLASSES]
     families = list(dict.fromkeys(f for _, f, _ in AIRCRAFT_CLASSES))
     manufacturers = list(dict.fromkeys(m for _, _, m in AIRCRAFT_CLASSES))
-    for name, values in (("variants.txt", variants), ("families.txt", families),
-                         ("manufacturers.txt", manufacturers)):
+    for name, values in (("variants.txt", variants), ("families.txt", families), ("manufacturers.txt", manufacturers)):
         base.mkdir(parents=True, exist_ok=True)
         (base / name).write_text("".join(f"{v}\n" for v in values))
     splits: dict[str, list[str]] = {"train": [], "val": [], "test": []}
@@ -112,9 +121,11 @@ def write_aircraft(root: Path, per_split: int = 1, height: int = 60) -> Aircraft
 
 
 # ILSVRC2012 leaf synsets (ILSVRC2012_ID, WNID, words); the ids are deliberately not in sorted-wnid order here
-IMAGENET_SYNSETS = ((2, "n01443537", "goldfish, Carassius auratus"), (1, "n01440764", "tench, Tinca tinca"),
-                    (3, "n01484850", "great white shark, white shark, man-eater, man-eating shark, "
-                                     "Carcharodon carcharias"))
+IMAGENET_SYNSETS = (
+    (2, "n01443537", "goldfish, Carassius auratus"),
+    (1, "n01440764", "tench, Tinca tinca"),
+    (3, "n01484850", "great white shark, white shark, man-eater, man-eating shark, Carcharodon carcharias"),
+)
 
 
 @dataclass(frozen=True)
@@ -129,10 +140,20 @@ def write_meta_mat(path: Path, synsets=IMAGENET_SYNSETS) -> None:
     including one non-leaf synset (``num_children > 0``) that the loader must skip."""
     from scipy.io import savemat
 
-    fields = [("ILSVRC2012_ID", "O"), ("WNID", "O"), ("words", "O"), ("gloss", "O"), ("num_children", "O"),
-              ("children", "O"), ("wordnet_height", "O"), ("num_train_images", "O")]
-    rows = [(index, wnid, words, f"gloss of {wnid}", 0, np.zeros((0,), dtype=np.uint8), 0, 1300)
-            for index, wnid, words in synsets]
+    fields = [
+        ("ILSVRC2012_ID", "O"),
+        ("WNID", "O"),
+        ("words", "O"),
+        ("gloss", "O"),
+        ("num_children", "O"),
+        ("children", "O"),
+        ("wordnet_height", "O"),
+        ("num_train_images", "O"),
+    ]
+    rows = [
+        (index, wnid, words, f"gloss of {wnid}", 0, np.zeros((0,), dtype=np.uint8), 0, 1300)
+        for index, wnid, words in synsets
+    ]
     rows.append((1001, "n00004475", "organism, being", "a living thing", 2, np.array([1, 2], dtype=np.uint8), 9, 0))
     table = np.empty((len(rows),), dtype=fields)
     for i, row in enumerate(rows):
@@ -141,8 +162,12 @@ def write_meta_mat(path: Path, synsets=IMAGENET_SYNSETS) -> None:
     savemat(str(path), {"synsets": table})
 
 
-def write_imagenet(root: Path, train_per_class: int = 3, validation: int = 5, devkit: str = "folder",
-                   ) -> ImageNetFixture:
+def write_imagenet(
+    root: Path,
+    train_per_class: int = 3,
+    validation: int = 5,
+    devkit: str = "folder",
+) -> ImageNetFixture:
     """``root/train/<wnid>/<wnid>_<n>.JPEG``, the flat ``root/val/ILSVRC2012_val_<8 digits>.JPEG`` and the devkit
     (``devkit="folder"``: ``ILSVRC2012_devkit_t12/data/{meta.mat, ILSVRC2012_validation_ground_truth.txt}``,
     ``"archive"``: the same as ``ILSVRC2012_devkit_t12.tar.gz``)."""
@@ -167,8 +192,14 @@ def write_imagenet(root: Path, train_per_class: int = 3, validation: int = 5, de
     return ImageNetFixture(root, tuple(wnid_of[i] for i in ids), counts)
 
 
-def write_shards(folder: Path, split: str, shards: int, per_shard: int, num_classes: int = 3,
-                 drop_label: tuple[int, int] | None = None) -> list[int]:
+def write_shards(
+    folder: Path,
+    split: str,
+    shards: int,
+    per_shard: int,
+    num_classes: int = 3,
+    drop_label: tuple[int, int] | None = None,
+) -> list[int]:
     """``folder/imagenet-<split>-<NNNN>.tar`` webdataset shards of ``<key>.jpg`` + ``<key>.cls`` samples; returns
     the labels in order.  ``drop_label=(shard, sample)`` leaves out that sample's ``cls`` member."""
     labels = []

@@ -1,6 +1,6 @@
 """Polar-ViT vs transformers' ViT of the same shape on Fashion-MNIST, each at its own tuned learning rate.
 
-Run:  python benchmarks/fashion_mnist.py [--data_dir DIR] [--quick] [--steps 900] [--seeds 0 1 2]
+Run:  python benchmarks/fashion_accuracy.py [--data_dir DIR] [--quick] [--steps 900] [--seeds 0 1 2]
 
 Protocol (the ``fashion-mnist`` recipe: ``fashion-cpu`` preset, 28 x 28, batch 128, AdamW, warm-up and
 cosine decay, horizontal flips; the same steps, batch, augmentation and seeds for every model):
@@ -33,19 +33,42 @@ MODELS = {  # name: (arch, extra pretrain.py arguments)
     "Polar-ViT": ("polar", []),
     "Polar-ViT, no horoshift": ("polar", ["--set", "model.relative_position=none"]),
 }
-TUNED = {"Euclidean ViT (same shape)": "Euclidean ViT (same shape)", "Polar-ViT": "Polar-ViT",
-         "Polar-ViT, no horoshift": "Polar-ViT"}  # whose learning rate each row uses
+TUNED = {
+    "Euclidean ViT (same shape)": "Euclidean ViT (same shape)",
+    "Polar-ViT": "Polar-ViT",
+    "Polar-ViT, no horoshift": "Polar-ViT",
+}  # whose learning rate each row uses
 
 
-def train(arch: str, out: Path, steps: int, lr: float, seed: int, extra: list[str], data_dir: str | None,
-          tuning: bool) -> list[dict]:
+def train(
+    arch: str, out: Path, steps: int, lr: float, seed: int, extra: list[str], data_dir: str | None, tuning: bool
+) -> list[dict]:
     """One ``training/pretrain.py`` run with the ``fashion-mnist`` recipe; its ``metrics.csv`` rows."""
     from polar_vit_hf.training import pretrain
     from polar_vit_hf.training.demo import read_metrics
 
-    args = ["--recipe", "fashion-mnist", "--arch", arch, "--output_dir", str(out), "--max_steps", str(steps),
-            "--eval_steps", str(steps), "--save_steps", str(steps), "--lr", str(lr), "--seed", str(seed),
-            "--set", f"optim.warmup_steps={max(1, steps // 20)}", "--no_progress", *extra]
+    args = [
+        "--recipe",
+        "fashion-mnist",
+        "--arch",
+        arch,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        str(steps),
+        "--eval_steps",
+        str(steps),
+        "--save_steps",
+        str(steps),
+        "--lr",
+        str(lr),
+        "--seed",
+        str(seed),
+        "--set",
+        f"optim.warmup_steps={max(1, steps // 20)}",
+        "--no_progress",
+        *extra,
+    ]
     if data_dir:
         args += ["--data_dir", data_dir]
     if tuning:
@@ -97,8 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for name in ("Euclidean ViT (same shape)", "Polar-ViT"):
             arch, extra = MODELS[name]
-            sweep[name] = {lr: float(train(arch, Path(scratch) / f"sweep-{arch}-{lr}", sweep_steps, lr, 0, extra,
-                                           args.data_dir, tuning=True)[-1]["eval_accuracy"]) for lr in args.lrs}
+            sweep[name] = {
+                lr: float(
+                    train(
+                        arch,
+                        Path(scratch) / f"sweep-{arch}-{lr}",
+                        sweep_steps,
+                        lr,
+                        0,
+                        extra,
+                        args.data_dir,
+                        tuning=True,
+                    )[-1]["eval_accuracy"]
+                )
+                for lr in args.lrs
+            }
         best = {name: max(scores, key=scores.get) for name, scores in sweep.items()}
         for name, (arch, extra) in MODELS.items():
             lr = best[TUNED[name]]
@@ -113,16 +149,20 @@ def main(argv: list[str] | None = None) -> int:
                 if seed == args.seeds[0]:
                     results[name]["confusion"] = confusion(run_dir / "model", args.data_dir)
 
-    print(f"\nFashion-MNIST, learning-rate sweep ({sweep_steps} steps on 54,000 images, validation accuracy "
-          f"on the other 6,000 of the training set):")
+    print(
+        f"\nFashion-MNIST, learning-rate sweep ({sweep_steps} steps on 54,000 images, validation accuracy "
+        f"on the other 6,000 of the training set):"
+    )
     print(f"{'model':<28}" + "".join(f"{'lr ' + format(lr, 'g'):>12}" for lr in args.lrs))
     for name, scores in sweep.items():
         print(f"{name:<28}" + "".join(f"{100 * scores[lr]:>11.2f}%" for lr in args.lrs))
     print(f"\nFashion-MNIST test accuracy (10,000 images), {steps} steps on 60,000, batch 128, seeds {args.seeds}:")
     print(f"{'model':<28} {'lr':>7} {'test accuracy':>20} {'train time':>11}")
     for name, result in results.items():
-        print(f"{name:<28} {result['lr']:>7g} {accuracy_summary(result['acc']):>20} "
-              f"{statistics.mean(result['seconds']):>9.0f} s")
+        print(
+            f"{name:<28} {result['lr']:>7g} {accuracy_summary(result['acc']):>20} "
+            f"{statistics.mean(result['seconds']):>9.0f} s"
+        )
     print(f"total {time.perf_counter() - start:.0f} s")
     with open(out / "fashion_mnist.csv", "w", newline="") as handle:
         writer = csv.writer(handle)

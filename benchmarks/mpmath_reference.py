@@ -231,8 +231,9 @@ def _weights(n_rows: int, n_points: int, seed: int) -> Tensor:
     return torch.softmax(2.0 * torch.randn(n_rows, n_points, generator=gen), dim=-1)
 
 
-def precision_row(radius: float, k: float = 1.0, n_points: int = 64, dim: int = 16, seed: int = 0,
-                  n_rows: int = 8) -> PrecisionRow:
+def precision_row(
+    radius: float, k: float = 1.0, n_points: int = 64, dim: int = 16, seed: int = 0, n_rows: int = 8
+) -> PrecisionRow:
     """One row of Table 7: float32 ambient and polar errors against the mpmath reference."""
     cl = make_cluster(radius, n_points=n_points, dim=dim, k=k, seed=seed)
     err_a, err_p = _relative_sq_distance_errors(cl, k)
@@ -262,8 +263,17 @@ def precision_row(radius: float, k: float = 1.0, n_points: int = 64, dim: int = 
     gyr_a = [geodesic_error_ambient(x_c[i], mp_gyroadd(ref_bar_a, cl.ref_ambient[i], k), k) for i in range(n_points)]
 
     limit = math.sqrt(k) * math.sinh(radius / math.sqrt(k)) * 2.0**-24
-    return PrecisionRow(radius, _median(err_a), _median(err_p), _median(cen_a), _median(cen_p),
-                        _median(gyr_a), _median(gyr_p), _median(cen_rad_a), limit)
+    return PrecisionRow(
+        radius,
+        _median(err_a),
+        _median(err_p),
+        _median(cen_a),
+        _median(cen_p),
+        _median(gyr_a),
+        _median(gyr_p),
+        _median(cen_rad_a),
+        limit,
+    )
 
 
 def precision_table(radii: Sequence[float] = (2, 4, 6, 8, 10, 12, 14, 16), **kwargs) -> list[PrecisionRow]:
@@ -293,8 +303,14 @@ class WeightDecayRow:
         return abs(self.ambient_radius - self.reference_radius) / abs(self.step)
 
 
-def weight_decay_row(radius: float, decay: float = 1e-5, k: float = 1.0, dim: int = 16, seed: int = 0,
-                     dtype: torch.dtype = torch.float32) -> WeightDecayRow:
+def weight_decay_row(
+    radius: float,
+    decay: float = 1e-5,
+    k: float = 1.0,
+    dim: int = 16,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> WeightDecayRow:
     """One manifold weight-decay step at ``radius`` in ``dtype``, polar and ambient, vs mpmath."""
     gen = torch.Generator().manual_seed(seed)
     u = torch.randn(dim, generator=gen, dtype=torch.float64)
@@ -305,17 +321,26 @@ def weight_decay_row(radius: float, decay: float = 1e-5, k: float = 1.0, dim: in
     r_new, _ = geo.centroid(r, uu, w, k)
     x = geo.to_ambient(r.double(), uu.double() / uu.double().norm(dim=-1, keepdim=True), k).to(dtype)
     x_new = amb.centroid(x, w, k)[0]
-    ref = mp_centroid([mp_point(float(r[0]), u.tolist(), k), mp_point(0.0, u.tolist(), k)],
-                      [float(w[0, 0]), float(w[0, 1])], k)
-    amb_radius = float(math.sqrt(k) * torch.asinh(x_new[1:].double().norm() / math.sqrt(k))) \
-        if bool(torch.isfinite(x_new).all()) else math.nan
+    ref = mp_centroid(
+        [mp_point(float(r[0]), u.tolist(), k), mp_point(0.0, u.tolist(), k)], [float(w[0, 0]), float(w[0, 1])], k
+    )
+    amb_radius = (
+        float(math.sqrt(k) * torch.asinh(x_new[1:].double().norm() / math.sqrt(k)))
+        if bool(torch.isfinite(x_new).all())
+        else math.nan
+    )
     return WeightDecayRow(float(r[0]), float(mp_radius(ref, k)), float(r_new[0]), amb_radius)
 
 
-def bf16_radius_limit(radii: Sequence[float] = tuple(x / 4 for x in range(4, 41)), k: float = 1.0,
-                      n_points: int = 32, dim: int = 16, seed: int = 0, threshold: float = 0.5,
-                      spread: float = 1.5
-                      ) -> dict[str, float]:
+def bf16_radius_limit(
+    radii: Sequence[float] = tuple(x / 4 for x in range(4, 41)),
+    k: float = 1.0,
+    n_points: int = 32,
+    dim: int = 16,
+    seed: int = 0,
+    threshold: float = 0.5,
+    spread: float = 1.5,
+) -> dict[str, float]:
     """Largest radius at which bfloat16 *storage* still resolves unit distances.
 
     Points of a cluster whose pairs are ~1 apart are stored in bfloat16, polar ``(r, u)`` or ambient ``x``; the
