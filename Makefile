@@ -5,15 +5,18 @@
 #   make lint       - ruff check, ruff format --check, mypy on modeling/ and polar_vit_hf/
 #   make docs       - mkdocs build --strict (a broken link or anchor fails)
 # Every target installs what it needs first; the virtual environment is (re)built only when setup.cfg changes.
+# `install` also fetches the tests of the installed transformers' source distribution (transformers' own common
+# model tests, run on Polar-ViT by tests/test_transformers_common.py) into .venv/transformers-sdist/.
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+SDIST  := $(VENV)/transformers-sdist
 
 .PHONY: demo test test-fast lint docs install clean
 
-install: $(STAMP)
+install: $(SDIST)/.fetched
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,19 +24,26 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,train,triton,spherical,docs]"
 	@touch $(STAMP)
 
-demo: $(STAMP)
+$(SDIST)/.fetched: $(STAMP)
+	rm -rf $(SDIST) && mkdir -p $(SDIST)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: -d $(SDIST) \
+		"transformers==$$($(PY) -c 'import transformers; print(transformers.__version__)')"
+	tar -xzf $(SDIST)/transformers-*.tar.gz -C $(SDIST) --wildcards '*/tests/*'
+	@touch $@
+
+demo: install
 	$(PY) training/demo.py --output_dir outputs/demo
 	$(PY) benchmarks/precision.py --out outputs/precision
 
-lint: $(STAMP)
+lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-docs: $(STAMP)
+docs: install
 	$(PY) -m mkdocs build --strict --quiet
 
-test-fast: $(STAMP)
+test-fast: install
 	$(PY) -m pytest -q -n 2 -m "not slow" --durations=10
 
 test: lint docs

@@ -79,14 +79,14 @@ run_gpu "attention tests on CUDA" 100 \
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ -n "$SANITIZER" ]; then
   run_gpu "compute-sanitizer memcheck" 40 "$SANITIZER" --tool memcheck --error-exitcode 1 \
-    "$PY" benchmarks/attention.py --device cuda --sizes 100 --batch 1 --heads 2 --dim 16 --impls triton \
+    "$PY" benchmarks/attention_speed.py --device cuda --sizes 100 --batch 1 --heads 2 --dim 16 --impls triton \
     --repeats 1 --out "$OUT_DIR/sanitizer"
 else
   stage "compute-sanitizer memcheck"
   echo "skipped: compute-sanitizer is not on PATH or in /usr/local/cuda/bin"
 fi
 run_gpu "attention: triton vs eager vs SDPA" 80 \
-  "$PY" benchmarks/attention.py --device cuda --sizes 256 512 1024 2048 4096 --repeats 10 --out "$OUT_DIR/attention"
+  "$PY" benchmarks/attention_speed.py --device cuda --sizes 256 512 1024 2048 4096 --repeats 10 --out "$OUT_DIR/attention"
 for preset in tiny-cifar small; do
   run_gpu "training step $preset eager" 25 "$PY" benchmarks/step_time.py --device cuda --preset "$preset" \
     --batch 64 --repeats 5 --models euclidean polar --out "$OUT_DIR/step_${preset}_eager"

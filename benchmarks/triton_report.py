@@ -2,7 +2,7 @@
 
 Run:  python benchmarks/triton_report.py [--head-dims 16 32 64 128] [--arch sm_90 sm_80] [--out DIR]
 
-Every kernel of ``modeling/triton_attention.py`` (forward, backward dq, backward dk/dv; for wide
+Every kernel of ``modeling/triton_kernels.py`` (forward, backward dq, backward dk/dv; for wide
 heads the dk/dv kernel is two launches, ``bwd_k`` and ``bwd_v``) is compiled
 with its default launch configuration (``triton_attention.launch_config``: the very values a launch
 uses) for the target by ``triton.compile`` (``GPUTarget``), and its PTX is assembled by the ``ptxas``
@@ -40,9 +40,10 @@ def compile_kernel(kernel: str, head_dim: int, arch: str, part: int = 0) -> dict
     from triton.compiler import ASTSource
 
     from polar_vit_hf.modeling import triton_attention as T
+    from polar_vit_hf.modeling.triton_kernels import KERNELS
 
     config = T.launch_config(kernel, head_dim)
-    fn = getattr(T, T.KERNEL_NAMES[kernel])
+    fn = KERNELS[kernel]
     constexprs = dict(
         D=head_dim, D_PAD=T.padded_head_dim(head_dim), BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"]
     )

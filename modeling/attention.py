@@ -302,7 +302,7 @@ def select_implementation(
 
     ``auto``: eager when attention probabilities are requested, Triton on CUDA (when available), chunked on other
     devices for sequences of at least ``chunked_min_tokens`` tokens (:class:`runtime.RuntimeOptions`; measured:
-    ``benchmarks/attention.py``), and below that ``fallback`` (the strategy's single-block core: ``fused`` for
+    ``benchmarks/attention_speed.py``), and below that ``fallback`` (the strategy's single-block core: ``fused`` for
     :class:`manifold_ops.FusedPolarOps`, ``eager`` for the reference).  An explicit choice is kept, except that
     probabilities always need eager, and so do ``torch.func`` transforms (the eager core is made of transformable
     operators; the others are ``autograd.Function``s with hand-derived backward passes).

@@ -295,7 +295,7 @@ class PolarViTConfig(PreTrainedConfig):
 
 
 SPHERICAL_PRESETS: dict[str, dict[str, Any]] = {
-    # spherical digits / Fashion-MNIST on a CPU budget (benchmarks/spherical.py): 2562 vertices, 60 tokens
+    # spherical digits / Fashion-MNIST on a CPU budget (benchmarks/spherical_accuracy.py): 2562 vertices, 60 tokens
     "sphere-cpu": dict(
         icosphere_level=4,
         patch_level=0,

@@ -5,7 +5,7 @@ one sign (paper Section 3.2), through ``exp`` / ``expm1`` / ``log1p`` / ``sqrt``
 ``sinh``, ``cosh`` and ``asinh`` run in scalar code (about 10x the time of ``exp`` on AVX2), and these forms
 are accurate to a few ulp in float32 and float64.  The geometry (:mod:`geometry`), the fused layers
 (:mod:`fused_attention`, :mod:`fused_gyro_norm`, :mod:`fused_layers`) and the chunked attention call them;
-the Triton kernels (:mod:`triton_attention`) spell the same formulas in Triton and take
+the Triton kernels (:mod:`triton_kernels`) spell the same formulas in Triton and take
 :data:`SERIES_CUTOFF` from here.
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch``.

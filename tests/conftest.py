@@ -66,7 +66,7 @@ def digits_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def local_hub():
-    """The local Hub server (tests/local_hub.py, test infrastructure) with one user and token."""
+    """The local Hub server (tests/support/local_hub.py, test infrastructure) with one user and token."""
     from local_hub import TEST_TOKEN, TEST_USER, LocalHub
 
     with LocalHub(tokens={TEST_TOKEN: TEST_USER}) as hub:

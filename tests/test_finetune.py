@@ -190,6 +190,46 @@ def test_finetune_aircraft_trains_on_trainval_and_scores_test(pretrained, tmp_pa
     assert P.PolarViTConfig.from_pretrained(out).id2label[0] == "F/A-18"
 
 
+@pytest.mark.parametrize("arch", ["polar", "euclidean"])
+def test_finetune_under_bf16_for_both_architectures(arch, cub, tmp_path):
+    """``--bf16`` (Trainer's autocast: the precision policy for Polar-ViT) and the same-size ViT baseline of Table 3
+    (``--arch euclidean``, AdamW) from a transformers ViT checkpoint."""
+    from polar_vit_hf.baselines import euclidean_vit
+
+    torch.manual_seed(0)
+    config = P.PolarViTConfig.from_preset("demo")
+    model = euclidean_vit(config) if arch == "euclidean" else P.PolarViTForImageClassification(config)
+    model.save_pretrained(tmp_path / "pretrained")
+    out = tmp_path / arch
+    done = finetune(
+        "--arch",
+        arch,
+        "--model",
+        str(tmp_path / "pretrained"),
+        "--dataset",
+        "cub",
+        "--data_dir",
+        str(cub),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--per_device_batch_size",
+        "2",
+        "--grad_accum",
+        "1",
+        "--bf16",
+        *PLAIN,
+    )
+    assert "held-out accuracy (test, 6 images)" in done.stdout
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["arch"] == arch
+    trained = load_file(out / "model.safetensors")
+    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in trained.values())  # fp32 masters
+    logged = losses(out)
+    assert logged and all(torch.isfinite(torch.tensor(loss)) for loss in logged)
+
+
 def test_the_same_seed_gives_bit_identical_weights(single, pretrained, cub, tmp_path):
     again = tmp_path / "again"
     finetune(

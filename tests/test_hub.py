@@ -1,4 +1,4 @@
-"""Export -> verify -> push -> load back by repo id, against the local Hub server (tests/local_hub.py).
+"""Export -> verify -> push -> load back by repo id, against the local Hub server (tests/support/local_hub.py).
 
 Every client step runs in a fresh subprocess whose environment points the real ``huggingface_hub``
 and ``transformers`` at the local server (``HF_ENDPOINT``), with an empty ``HF_HOME`` and

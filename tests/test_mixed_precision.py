@@ -122,3 +122,17 @@ def test_pipeline_with_float16_weights(tmp_path):
     result = classify(image, top_k=2)
     assert {item["label"] for item in result} == {"cat", "dog"}
     assert abs(sum(item["score"] for item in result) - 1.0) < 1e-3
+
+
+@pytest.mark.slow
+def test_the_policy_benchmark_prints_and_writes_its_table(tmp_path, capsys):
+    from polar_vit_hf.benchmarks.precision_policy import main
+
+    assert main(["--radii", "0", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "bf16 policy" in printed and "bf16 weights" in printed
+    rows = (tmp_path / "precision_policy.csv").read_text().splitlines()
+    assert len(rows) == 2 and (tmp_path / "precision_policy.png").stat().st_size > 0
+    header, first = rows[0].split(","), [float(v) for v in rows[1].split(",")]
+    row = dict(zip(header, first))
+    assert row["float32"] < 1e-4 < row["bf16_policy"] < 3e-2  # the table's r = 0 row: 5.5e-06, 5.4e-03

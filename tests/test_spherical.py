@@ -430,7 +430,7 @@ def test_auto_classes_pipeline_and_remote_code_imports(tmp_path):
 
 
 def test_spherical_benchmark_runs_end_to_end(tmp_path, capsys):
-    from polar_vit_hf.benchmarks import spherical as bench
+    from polar_vit_hf.benchmarks import spherical_accuracy as bench
 
     points = S.icosphere(3)
     digit = torch.zeros(1, 8, 8, dtype=torch.float64)

@@ -1,6 +1,6 @@
 """Spherical digits: SO(3)-RoPE against planar position encodings, trained on unrotated, tested on rotated inputs.
 
-Run:  python benchmarks/spherical.py [--steps 600] [--seeds 0 1 2] [--lr 3e-3] [--quick]
+Run:  python benchmarks/spherical_accuracy.py [--steps 600] [--seeds 0 1 2] [--lr 3e-3] [--quick]
 
 The spherical-MNIST protocol of spherical CNNs (Cohen et al. 2018) on scikit-learn's digits: every 8 x 8 digit
 is put on the sphere by the inverse stereographic projection around the north pole (a cap of ``--cap`` degrees),

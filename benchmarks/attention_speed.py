@@ -1,6 +1,6 @@
 """Polar attention cost: eager vs chunked vs Triton vs Euclidean SDPA, forward + backward.
 
-Run:  python benchmarks/attention.py [--device cpu|cuda] [--sizes 64 128 ... 4096] [--check]
+Run:  python benchmarks/attention_speed.py [--device cpu|cuda] [--sizes 64 128 ... 4096] [--check]
 
 For each sequence length N and implementation, one forward + backward of the attention core on
 ``(batch, heads, N, head_dim)`` inputs (default 1 x 4 x N x 16 on CPU, 8 x 12 x N x 64 on CUDA)

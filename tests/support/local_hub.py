@@ -37,7 +37,7 @@ Use::
         env = hub.client_env(hf_home)  # HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_DISABLE_XET=1, online
         subprocess.run([...], env=env)
 
-or by hand: ``python tests/local_hub.py --port 8999 --token hf_test:polar-user``.
+or by hand: ``python tests/support/local_hub.py --port 8999 --token hf_test:polar-user``.
 """
 
 from __future__ import annotations
