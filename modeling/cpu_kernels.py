@@ -164,7 +164,7 @@ def recompute_vjp(fn: Callable, primals: tuple[Tensor, ...], cotangents: Any) ->
     By ``torch.func.vjp`` (a pure function, which the compiled kernels trace), or, under saved-tensor hooks (which
     ``torch.func`` refuses), by autograd on the same recomputation, whose saved tensors then go through the hooks.
     """
-    if not saved_tensor_hooks_active() or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not saved_tensor_hooks_active():  # (the hooks query does not trace)
         outputs, pullback = torch.func.vjp(fn, *primals)[:2]
         return outputs, pullback(cotangents)
     with torch.enable_grad():
