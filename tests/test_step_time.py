@@ -1,4 +1,5 @@
-"""``benchmarks/step_time.py``: the training-step benchmark of issue 10 runs and reports what it claims (not timed)."""
+"""``benchmarks/step_time.py`` and ``benchmarks/profile_step.py``: the training-step benchmarks run and report what
+they claim (not timed)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,19 @@ def test_interleaved_step_time_reports_paired_ratios_memory_and_saved_bytes(tmp_
     assert set(table) == {"euclidean", "polar"}
     assert all(float(row["saved_mib"]) > 0 and float(row["median_s"]) > 0 for row in table.values())
     assert (tmp_path / "step_time.png").stat().st_size > 0
+
+
+def test_the_step_profile_prints_operators_and_layer_kinds(tmp_path, capsys):
+    from polar_vit_hf.benchmarks import profile_step
+
+    assert (
+        profile_step.main(["--preset", "demo", "--batch", "4", "--threads", "1", "--top", "60", "--out", str(tmp_path)])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "aten::mm" in printed and "Polar-FC" in printed and "gyro layer norm" in printed
+    with open(tmp_path / "layers.csv") as handle:
+        kinds = {row["layer_kind"]: float(row["forward_ms"]) for row in csv.DictReader(handle)}
+    assert {"Polar-FC", "attention (scores, softmax, centroid, projections)", "residual"} <= set(kinds)
+    assert all(ms > 0 for ms in kinds.values())
+    assert (tmp_path / "trace.json").stat().st_size > 0 and (tmp_path / "layers.png").stat().st_size > 0

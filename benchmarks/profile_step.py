@@ -1,0 +1,181 @@
+"""Where a training step goes: ``torch.profiler`` tables per operator and per layer kind.
+
+Run:  python benchmarks/profile_step.py [--preset tiny-cifar] [--batch 64] [--model polar|ambient|euclidean]
+          [--threads N] [--top 25] [--out outputs/profile_step]
+
+One model (Polar-ViT polar or ambient, or transformers' same-shape ViT) in train mode; two warm-up steps (the
+compiled CPU kernels compile in the first), then one profiled forward + backward.  Prints
+
+* the operators by self CPU time (``key_averages``), the top ``--top``;
+* the forward time per layer kind (Polar-FC, attention, gyro norm, residual, position encoding, embeddings,
+  head), from ``record_function`` ranges around each module's forward (outermost module of a kind only), and
+  the backward in all (the operators whose names mark them as backward nodes).
+
+Writes ``operators.csv``, ``layers.csv``, a Chrome trace (``trace.json``) and ``layers.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+LAYER_KINDS = {  # module class name -> layer kind
+    "PolarFC": "Polar-FC",
+    "PolarSelfAttention": "attention (scores, softmax, centroid, projections)",
+    "GyroLayerNorm": "gyro layer norm",
+    "BoostResidual": "residual",
+    "SpaceResidual": "residual",
+    "LorentzMidpointResidual": "residual",
+    "HoroshiftEncoding": "position encoding",
+    "BoostEncoding": "position encoding",
+    "RotationEncoding": "position encoding",
+    "PolarViTEmbeddings": "embeddings",
+    "LorentzMLRHead": "head",
+    "PoincareMLRHead": "head",
+    "TangentLinearHead": "head",
+    "ViTSelfAttention": "attention (scores, softmax, centroid, projections)",
+    "ViTSdpaSelfAttention": "attention (scores, softmax, centroid, projections)",
+    "Linear": "linear",
+    "LayerNorm": "layer norm",
+    "ViTEmbeddings": "embeddings",
+}
+
+
+def build(name: str, preset: str):
+    import polar_vit_hf as P
+    from polar_vit_hf.baselines import euclidean_vit
+
+    config = P.PolarViTConfig.from_preset(preset, num_labels=100)
+    if name == "euclidean":
+        return euclidean_vit(config), config
+    config.arithmetic = name
+    return P.PolarViTForImageClassification(config), config
+
+
+def label_modules(model: torch.nn.Module) -> list:
+    """Wrap every module of a known kind in a ``record_function`` range named after its kind (forward pre/post
+    hooks); returns the hook handles.  Nested modules of the same kind are counted once (the outermost)."""
+    handles = []
+    depth: dict[str, int] = defaultdict(int)
+    for module in model.modules():
+        kind = LAYER_KINDS.get(type(module).__name__)
+        if kind is None:
+            continue
+        state: dict = {}
+
+        def pre(mod, args, kind=kind, state=state):
+            depth[kind] += 1
+            if depth[kind] == 1:
+                state["range"] = torch.profiler.record_function(f"layer::{kind}")
+                state["range"].__enter__()
+
+        def post(mod, args, output, kind=kind, state=state):
+            depth[kind] -= 1
+            if depth[kind] == 0 and "range" in state:
+                state.pop("range").__exit__(None, None, None)
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    return handles
+
+
+def layer_table(events) -> dict[str, float]:
+    """Forward milliseconds per layer kind (the ``layer::`` ranges' CPU time, outermost ranges only)."""
+    totals: dict[str, float] = defaultdict(float)
+    for event in events:
+        if event.name.startswith("layer::"):
+            totals[event.name[len("layer::") :]] += event.cpu_time_total / 1e3
+    return dict(totals)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny-cifar")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--model", choices=("polar", "ambient", "euclidean"), default="polar")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--out", type=Path, default=Path("outputs/profile_step"))
+    args = parser.parse_args(argv)
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    model, config = build(args.model, args.preset)
+    model.train()
+    pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size)
+    labels = torch.randint(0, 100, (args.batch,))
+
+    def step() -> None:
+        model(pixel_values=pixels, labels=labels).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    start = time.perf_counter()
+    step()
+    plain_s = time.perf_counter() - start
+    handles = label_modules(model)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    for handle in handles:
+        handle.remove()
+    args.out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(args.out / "trace.json"))
+    averages = prof.key_averages()
+    total_ms = sum(e.self_cpu_time_total for e in averages) / 1e3
+    rows = sorted(
+        ((e.key, e.self_cpu_time_total / 1e3, e.count) for e in averages if not e.key.startswith("layer::")),
+        key=lambda row: -row[1],
+    )
+    where = torch.backends.cpu.get_cpu_capability()
+    print(
+        f"\n{args.model}, {args.preset}, batch {args.batch}, forward + backward, {args.threads} CPU threads "
+        f"({where}): "
+        f"{plain_s * 1e3:.0f} ms unprofiled, {total_ms:.0f} ms of operator self time profiled"
+    )
+    print(f"{'operator':<48} {'self ms':>9} {'share':>7} {'calls':>7}")
+    for key, ms, count in rows[: args.top]:
+        print(f"{key[:48]:<48} {ms:>9.1f} {ms / total_ms:>6.1%} {count:>7}")
+    layers = layer_table(prof.events())
+    print(f"\n{'layer kind (forward only)':<52} {'ms':>9} {'share of step':>14}")
+    for kind, ms in sorted(layers.items(), key=lambda item: -item[1]):
+        print(f"{kind:<52} {ms:>9.1f} {ms / total_ms:>13.1%}")
+    backward_ms = sum(e.self_cpu_time_total for e in averages if "Backward" in e.key or "backward" in e.key) / 1e3
+    print(f"{'backward nodes (operators named *Backward*)':<52} {backward_ms:>9.1f} {backward_ms / total_ms:>13.1%}")
+    with open(args.out / "operators.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["operator", "self_ms", "calls"])
+        writer.writerows(rows)
+    with open(args.out / "layers.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["layer_kind", "forward_ms"])
+        writer.writerows(sorted(layers.items(), key=lambda item: -item[1]))
+    plot(layers, args.out / "layers.png", f"{args.model} forward, batch {args.batch}")
+    print(f"wrote {args.out}/operators.csv, layers.csv, trace.json, layers.png")
+    return 0
+
+
+def plot(layers: dict[str, float], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    items = sorted(layers.items(), key=lambda item: item[1])
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(items) + 1.2))
+    ax.barh([kind for kind, _ in items], [ms for _, ms in items])
+    ax.set_xlabel("ms")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
