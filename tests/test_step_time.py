@@ -54,10 +54,8 @@ def test_interleaved_step_time_reports_paired_ratios_memory_and_saved_bytes(tmp_
 def test_the_step_profile_prints_operators_and_layer_kinds(tmp_path, capsys):
     from polar_vit_hf.benchmarks import profile_step
 
-    assert (
-        profile_step.main(["--preset", "demo", "--batch", "4", "--threads", "1", "--top", "60", "--out", str(tmp_path)])
-        == 0
-    )
+    arguments = ["--preset", "demo", "--batch", "4", "--threads", "1", "--top", "60", "--out", str(tmp_path)]
+    assert profile_step.main(arguments) == 0
     printed = capsys.readouterr().out
     assert "aten::mm" in printed and "Polar-FC" in printed and "gyro layer norm" in printed
     with open(tmp_path / "layers.csv") as handle:
