@@ -289,7 +289,7 @@ class PolarViTConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> PolarViTConfig:
-        """A preset of DESIGN.md / Appendix D (``tiny-cifar``, ``base-cifar``, ``tiny``, ``small``) or a CPU one
+        """A preset of the paper (Appendix D) (``tiny-cifar``, ``base-cifar``, ``tiny``, ``small``) or a CPU one
         (``demo``, ``fashion-cpu``)."""
         return cls(**preset_kwargs(PRESETS, name, overrides))
 

@@ -1,4 +1,4 @@
-"""The precision contract of DESIGN.md (paper Table 7, Appendix E.4) against an mpmath reference.
+"""The precision contract (docs/benchmarks.md; paper Table 7, Appendix E.4) against an mpmath reference.
 
 Errors are float32 results against a 60-digit evaluation on the same stored float32 inputs,
 clusters of 64 points with geodesic spread 1 (``polar_vit_hf.benchmarks.mpmath_reference.make_cluster``).
