@@ -64,6 +64,29 @@ def finetune(*args: str, env: dict | None = None, check: bool = True) -> subproc
     return done
 
 
+def cub_run(model: Path, cub: Path, out: Path, steps: int, batch: int, *extra: str) -> list[str]:
+    """The arguments of a plain CUB fine-tuning run: ``steps`` steps of ``batch`` images per process, no
+    accumulation, ``extra`` flags appended."""
+    return [
+        "--model",
+        str(model),
+        "--dataset",
+        "cub",
+        "--data_dir",
+        str(cub),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        str(steps),
+        "--per_device_batch_size",
+        str(batch),
+        "--grad_accum",
+        "1",
+        *extra,
+        *PLAIN,
+    ]
+
+
 def losses(folder: Path) -> list[float]:
     history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
     return [entry["loss"] for entry in history if "loss" in entry]
@@ -88,27 +111,7 @@ def cub(tmp_path_factory) -> Path:
 def single(pretrained, cub, tmp_path_factory) -> Path:
     """Three steps on one process, batch 4, checkpoints every step."""
     out = tmp_path_factory.mktemp("single") / "run"
-    finetune(
-        "--model",
-        str(pretrained),
-        "--dataset",
-        "cub",
-        "--data_dir",
-        str(cub),
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "3",
-        "--per_device_batch_size",
-        "4",
-        "--grad_accum",
-        "1",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "1",
-        *PLAIN,
-    )
+    finetune(*cub_run(pretrained, cub, out, 3, 4, "--save_strategy", "steps", "--save_steps", "1"))
     return out
 
 
@@ -201,26 +204,7 @@ def test_finetune_under_bf16_for_both_architectures(arch, cub, tmp_path):
     model = euclidean_vit(config) if arch == "euclidean" else P.PolarViTForImageClassification(config)
     model.save_pretrained(tmp_path / "pretrained")
     out = tmp_path / arch
-    done = finetune(
-        "--arch",
-        arch,
-        "--model",
-        str(tmp_path / "pretrained"),
-        "--dataset",
-        "cub",
-        "--data_dir",
-        str(cub),
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "2",
-        "--per_device_batch_size",
-        "2",
-        "--grad_accum",
-        "1",
-        "--bf16",
-        *PLAIN,
-    )
+    done = finetune("--arch", arch, *cub_run(tmp_path / "pretrained", cub, out, 2, 2, "--bf16"))
     assert "held-out accuracy (test, 6 images)" in done.stdout
     info = json.loads((out / "run_info.json").read_text())
     assert info["arch"] == arch
@@ -232,25 +216,7 @@ def test_finetune_under_bf16_for_both_architectures(arch, cub, tmp_path):
 
 def test_the_same_seed_gives_bit_identical_weights(single, pretrained, cub, tmp_path):
     again = tmp_path / "again"
-    finetune(
-        "--model",
-        str(pretrained),
-        "--dataset",
-        "cub",
-        "--data_dir",
-        str(cub),
-        "--output_dir",
-        str(again),
-        "--max_steps",
-        "3",
-        "--per_device_batch_size",
-        "4",
-        "--grad_accum",
-        "1",
-        "--save_strategy",
-        "no",
-        *PLAIN,
-    )
+    finetune(*cub_run(pretrained, cub, again, 3, 4, "--save_strategy", "no"))
     expected, got = load_file(single / "model.safetensors"), load_file(again / "model.safetensors")
     assert all(torch.equal(expected[k], got[k]) for k in expected)
     assert losses(single) == losses(again)
@@ -258,27 +224,7 @@ def test_the_same_seed_gives_bit_identical_weights(single, pretrained, cub, tmp_
 
 def test_a_preempted_run_resumes_exactly(single, pretrained, cub, tmp_path):
     out = tmp_path / "preempted"
-    args = [
-        "--model",
-        str(pretrained),
-        "--dataset",
-        "cub",
-        "--data_dir",
-        str(cub),
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "3",
-        "--per_device_batch_size",
-        "4",
-        "--grad_accum",
-        "1",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "1",
-        *PLAIN,
-    ]
+    args = cub_run(pretrained, cub, out, 3, 4, "--save_strategy", "steps", "--save_steps", "1")
     done = finetune(*args, "--stop_after_steps", "2")
     assert "stopping after the checkpoint at step 2" in done.stdout and not (out / "model.safetensors").exists()
     again = finetune(*args, check=False)
@@ -310,23 +256,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(single, pret
         "--nproc_per_node",
         "2",
         SCRIPT,
-        "--model",
-        str(pretrained),
-        "--dataset",
-        "cub",
-        "--data_dir",
-        str(cub),
-        "--output_dir",
-        str(double),
-        "--max_steps",
-        "3",
-        "--per_device_batch_size",
-        "2",
-        "--grad_accum",
-        "1",
-        "--save_strategy",
-        "no",
-        *PLAIN,
+        *cub_run(pretrained, cub, double, 3, 2, "--save_strategy", "no"),
     ]
     done = subprocess.run(
         [*prefix, "bash", "-c", 'ip link set lo up && exec "$@"', "-", *command],

@@ -86,11 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data_dir")
     data.add_argument("--train_split", help="default: trainval for aircraft, else train")
     data.add_argument("--eval_split", default="test")
-    data.add_argument("--label_column", help="the ClassLabel column to train on (default: the dataset's fine label)")
-    data.add_argument("--annotation", default="variant", help="FGVC-Aircraft level: variant, family or manufacturer")
-    data.add_argument("--keep_banner", action="store_true", help="FGVC-Aircraft: keep the 20-pixel copyright banner")
-    data.add_argument("--crop_to_bbox", action="store_true", help="CUB: crop every image to its bounding box")
-    data.add_argument("--label_names", help="webdataset: a file of class names, one per line")
+    from polar_vit_hf.training.official_data import add_dataset_arguments
+
+    add_dataset_arguments(data)
     data.add_argument("--image_size", type=int, help="default: the pretrained model's resolution")
     data.add_argument(
         "--max_bad_fraction",
@@ -426,14 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     if state.is_main_process:
         prepare_output_dir(output_dir)
     state.wait_for_everyone()
-    options = DataOptions(
-        args.dataset,
-        args.data_dir,
-        annotation=args.annotation,
-        keep_banner=args.keep_banner,
-        crop_to_bbox=args.crop_to_bbox,
-        label_names=args.label_names,
-    )
+    options = DataOptions.from_arguments(args.dataset, args)
     with state.main_process_first():  # the main process fills the datasets cache first
         raw = build_data(
             args.dataset,

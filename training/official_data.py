@@ -34,6 +34,7 @@ devkit, a shard without ``cls``.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import tarfile
@@ -676,6 +677,29 @@ class DataOptions:
     crop_to_bbox: bool = False
     label_names: str | None = None
     streaming: bool = False
+
+    @classmethod
+    def from_arguments(cls, name: str, args: argparse.Namespace) -> DataOptions:
+        """The options of ``name`` from the flags :func:`add_dataset_arguments` defines (``--streaming`` where the
+        script has it)."""
+        return cls(
+            name,
+            args.data_dir,
+            annotation=args.annotation,
+            keep_banner=args.keep_banner,
+            crop_to_bbox=args.crop_to_bbox,
+            label_names=args.label_names,
+            streaming=bool(getattr(args, "streaming", False)),
+        )
+
+
+def add_dataset_arguments(group: argparse._ActionsContainer) -> None:
+    """The dataset flags both training scripts share: ``--label_column`` and the per-dataset options."""
+    group.add_argument("--label_column", help="the ClassLabel column to train on (default: the dataset's fine label)")
+    group.add_argument("--label_names", help="webdataset: a file of class names, one per line")
+    group.add_argument("--annotation", default="variant", help="FGVC-Aircraft level: variant, family or manufacturer")
+    group.add_argument("--keep_banner", action="store_true", help="FGVC-Aircraft: keep the 20-pixel copyright banner")
+    group.add_argument("--crop_to_bbox", action="store_true", help="CUB: crop every image to its bounding box")
 
 
 def official_layout(options: DataOptions) -> Callable[[], datasets.DatasetDict] | None:

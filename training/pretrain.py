@@ -99,11 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "webdataset, a Hub name, 'imagefolder' or 'digits'",
     )
     parser.add_argument("--data_dir", help="the dataset's folder (official layout), or the webdataset shard pattern")
-    parser.add_argument("--label_column", help="the ClassLabel column to train on (default: the dataset's fine label)")
-    parser.add_argument("--label_names", help="webdataset: a file of class names, one per line")
-    parser.add_argument("--annotation", default="variant", help="FGVC-Aircraft level: variant, family or manufacturer")
-    parser.add_argument("--keep_banner", action="store_true", help="FGVC-Aircraft: keep the 20-pixel banner")
-    parser.add_argument("--crop_to_bbox", action="store_true", help="CUB: crop every image to its bounding box")
+    from polar_vit_hf.training.official_data import add_dataset_arguments
+
+    add_dataset_arguments(parser)
     parser.add_argument(
         "--streaming",
         action="store_true",
@@ -509,15 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     from polar_vit_hf.training.official_data import DataOptions
 
     bad_log = output_dir / "bad_samples.txt"
-    options = DataOptions(
-        recipe["data"]["dataset"],
-        args.data_dir,
-        annotation=args.annotation,
-        keep_banner=args.keep_banner,
-        crop_to_bbox=args.crop_to_bbox,
-        label_names=args.label_names,
-        streaming=args.streaming,
-    )
+    options = DataOptions.from_arguments(recipe["data"]["dataset"], args)
     with accelerator.main_process_first():  # the main process prepares the datasets cache first
         data = build_data(
             recipe["data"]["dataset"],
