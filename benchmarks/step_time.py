@@ -2,12 +2,14 @@
 
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile] [--device cuda]
           [--models euclidean ambient polar-reference polar polar-chunked] [--interleave] [--autocast bf16]
+          [--models ... hypercore hexformer --hypercore DIR --hexformer DIR]
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic, Polar-ViT in polar arithmetic
 with the reference layers (``fused_ops=False``: geometry functions differentiated by autograd, eager
 attention), with the fused layers (``fused_ops=True``, the default: ``FusedPolarOps``, with its
 compiled CPU kernels), fused without the compiled kernels (``polar-eager``) and fused with the chunked
-attention core.
+attention core; with checkouts of the public Lorentz ViTs, HyperCore's ``LViT`` and HexFormer at the same
+shape (``benchmarks/peers.py``).
 
 Each model runs in its own subprocess (peak memory: the growth of the resident set, sampled in
 the background, over the first training step; saved bytes: the distinct non-parameter tensors
@@ -34,7 +36,17 @@ import sys
 import time
 from pathlib import Path
 
-MODELS = ("euclidean", "ambient", "polar-reference", "polar", "polar-eager", "polar-chunked")
+MODELS = ("euclidean", "ambient", "polar-reference", "polar", "polar-eager", "polar-chunked", "hypercore", "hexformer")
+LABELS = {
+    "euclidean": "Euclidean ViT (transformers)",
+    "ambient": "Polar-ViT, ambient arithmetic",
+    "polar-reference": "Polar-ViT, polar, reference layers",
+    "polar": "Polar-ViT, polar, fused (default)",
+    "polar-eager": "Polar-ViT, fused, no compiled kernels",
+    "polar-chunked": "Polar-ViT, polar, fused + chunked attn",
+    "hypercore": "HyperCore LViT (ambient Lorentz)",
+    "hexformer": "HexFormer (Lorentz ViT)",
+}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -50,6 +62,10 @@ def worker(args: argparse.Namespace) -> None:
     config = P.PolarViTConfig.from_preset(args.preset, num_labels=100)
     if args.model == "euclidean":
         model = euclidean_vit(config)
+    elif args.model in ("hypercore", "hexformer"):
+        from polar_vit_hf.benchmarks.peers import peer_classifier
+
+        model = peer_classifier(args.model, Path(getattr(args, args.model)), config)
     else:
         config.arithmetic = args.model.split("-")[0]
         config.fused_ops = args.model != "polar-reference"
@@ -156,7 +172,8 @@ def saved_bytes(model, forward) -> int:
     return sum(storages.values())
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (shared with ``benchmarks/peers.py``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny-cifar")
     parser.add_argument("--batch", type=int, default=128)
@@ -174,9 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         "--models",
         nargs="+",
         choices=MODELS,
-        default=list(MODELS),
-        help="which models to time (ratios need euclidean / ambient among them)",
+        default=list(MODELS[:6]),
+        help="which models to time (ratios need euclidean / ambient among them; hypercore / hexformer need "
+        "--hypercore / --hexformer)",
     )
+    parser.add_argument("--hypercore", help="a checkout of github.com/Graph-and-Geometric-Learning/HyperCore")
+    parser.add_argument("--hexformer", help="a checkout of github.com/HayaAlyoussef/HexFormer")
     parser.add_argument(
         "--autocast",
         choices=("none", "bf16", "fp16"),
@@ -201,107 +221,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.model:
         worker(args)
         return 0
-
-    from tqdm.auto import tqdm
-
-    def command(name: str) -> list[str]:
-        line = [
-            sys.executable,
-            __file__,
-            "--model",
-            name,
-            "--preset",
-            args.preset,
-            "--batch",
-            str(args.batch),
-            "--repeats",
-            str(args.repeats),
-            "--warmup",
-            str(args.warmup),
-            "--threads",
-            str(args.threads),
-            "--device",
-            args.device,
-            "--round_warmup",
-            str(args.round_warmup),
-            "--autocast",
-            args.autocast,
-        ]
-        return line + (["--compile"] if args.compile else []) + (["--serve"] if args.interleave else [])
-
-    results = interleaved(args, command, tqdm) if args.interleave else {}
+    for name in args.models:
+        if name in ("hypercore", "hexformer") and not getattr(args, name):
+            print(f"--models {name} needs --{name} DIR (a checkout of the peer's repository)", file=sys.stderr)
+            return 2
+    results = measure(args)
     if results is None:
         return 1
-    for name in [] if args.interleave else tqdm(args.models, desc="models", unit="model"):
-        done = subprocess.run(command(name), capture_output=True, text=True)
-        if done.returncode != 0:
-            print(done.stderr[-3000:], file=sys.stderr)
-            return done.returncode
-        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
-        tqdm.write(
-            f"{name}: {results[name]['median_s'] * 1e3:.0f} ms / step, "
-            f"{results[name]['peak_growth_mib']:.0f} MiB peak, "
-            f"{results[name]['saved_mib']:.0f} MiB saved"
-        )  # kept if a later model fails
-
-    where = f"{args.threads} CPU threads" if args.device == "cpu" else "CUDA"
-    print(
-        f"\n{args.preset}, batch {args.batch}, forward + backward, {where}, "
-        f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}"
-        + ("" if args.autocast == "none" else f", under torch.autocast({args.autocast})")
-    )
-    print(
-        f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {'peak RSS growth':>16} {'vs ViT':>7} "
-        f"{'saved for bwd':>14} {'vs ViT':>7}"
-    )
-    labels = {
-        "euclidean": "Euclidean ViT (transformers)",
-        "ambient": "Polar-ViT, ambient arithmetic",
-        "polar-reference": "Polar-ViT, polar, reference layers",
-        "polar": "Polar-ViT, polar, fused (default)",
-        "polar-eager": "Polar-ViT, fused, no compiled kernels",
-        "polar-chunked": "Polar-ViT, polar, fused + chunked attn",
-    }
-    euclid = results.get("euclidean")
-    ratio = lambda value, key: f"{value / euclid[key]:>6.2f}x" if euclid else f"{'-':>7}"  # noqa: E731
-    if args.interleave and euclid:  # time ratios: medians of the per-round ratios
-        paired = {
-            name: statistics.median(t / e for t, e in zip(results[name]["times"], euclid["times"]))
-            for name in args.models
-        }
-        ratio = lambda value, key, name=None: (  # noqa: E731
-            f"{paired[name]:>6.2f}x" if key == "median_s" else f"{value / euclid[key]:>6.2f}x"
-        )
-    for name in args.models:
-        r = results[name]
-        time_ratio = (
-            ratio(r["median_s"], "median_s", name) if args.interleave and euclid else ratio(r["median_s"], "median_s")
-        )
-        print(
-            f"{labels[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {time_ratio} "
-            f"{r['peak_growth_mib']:>12.0f} MiB {ratio(r['peak_growth_mib'], 'peak_growth_mib')} "
-            f"{r['saved_mib']:>10.0f} MiB {ratio(r['saved_mib'], 'saved_mib')}"
-        )
-    if args.interleave and euclid:
-        print(
-            "(interleaved: time ratios are medians of the per-round ratios; per-round ViT / model times in ms: "
-            + "; ".join(
-                f"{name} " + " ".join(f"{t * 1e3:.0f}" for t in results[name]["times"]) for name in args.models
-            )
-            + ")"
-        )
-    if {"polar", "ambient"} <= set(results):
-        print(f"polar / ambient: {results['polar']['median_s'] / results['ambient']['median_s']:.2f}x")
-    if {"polar", "polar-reference"} <= set(results):
-        print(
-            f"fused / reference: time {results['polar']['median_s'] / results['polar-reference']['median_s']:.2f}x, "
-            f"saved {results['polar']['saved_mib'] / results['polar-reference']['saved_mib']:.2f}x"
-        )
-
+    report(results, args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "step_time.csv", "w", newline="") as handle:
@@ -312,9 +247,92 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerow(
                 [name, *(r[key] for key in ("params", "median_s", "peak_growth_mib", "saved_mib", "first_step_s"))]
             )
-    plot(results, labels, out / "step_time.png", args)
+    plot(results, LABELS, out / "step_time.png", args)
     print(f"wrote {out / 'step_time.csv'} and {out / 'step_time.png'}")
     return 0
+
+
+def worker_command(args: argparse.Namespace, name: str) -> list[str]:
+    """The command line of the subprocess that times ``name``."""
+    line = [sys.executable, __file__, "--model", name, "--preset", args.preset, "--batch", str(args.batch)]
+    line += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    line += ["--device", args.device, "--round_warmup", str(args.round_warmup), "--autocast", args.autocast]
+    line += [f"--{peer}={getattr(args, peer)}" for peer in ("hypercore", "hexformer") if getattr(args, peer)]
+    return line + (["--compile"] if args.compile else []) + (["--serve"] if args.interleave else [])
+
+
+def measure(args: argparse.Namespace) -> dict | None:
+    """Each of ``args.models`` timed in its own process (interleaved rounds with ``--interleave``); ``None`` (the
+    failing worker's error printed) when one fails."""
+    from tqdm.auto import tqdm
+
+    if args.interleave:
+        return interleaved(args, lambda name: worker_command(args, name), tqdm)
+    results = {}
+    for name in tqdm(args.models, desc="models", unit="model"):
+        done = subprocess.run(worker_command(args, name), capture_output=True, text=True)
+        if done.returncode != 0:
+            print(done.stderr[-3000:], file=sys.stderr)
+            return None
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        tqdm.write(
+            f"{name}: {results[name]['median_s'] * 1e3:.0f} ms / step, "
+            f"{results[name]['peak_growth_mib']:.0f} MiB peak, "
+            f"{results[name]['saved_mib']:.0f} MiB saved"
+        )
+    return results
+
+
+def time_ratio(results: dict, name: str, reference: str, interleave: bool) -> float:
+    """``name``'s step time over ``reference``'s: the median of the per-round ratios when the rounds were
+    interleaved, else the ratio of the medians."""
+    if interleave:
+        return statistics.median(t / e for t, e in zip(results[name]["times"], results[reference]["times"]))
+    return results[name]["median_s"] / results[reference]["median_s"]
+
+
+def report(results: dict, args: argparse.Namespace) -> None:
+    """Print the table: time, peak memory and saved bytes, each with its ratio to the ViT."""
+    where = f"{args.threads} CPU threads" if args.device == "cpu" else "CUDA"
+    print(
+        f"\n{args.preset}, batch {args.batch}, forward + backward, {where}, "
+        f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}"
+        + ("" if args.autocast == "none" else f", under torch.autocast({args.autocast})")
+    )
+    print(
+        f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {'peak RSS growth':>16} {'vs ViT':>7} "
+        f"{'saved for bwd':>14} {'vs ViT':>7} {'first step':>11}"
+    )
+    euclid = results.get("euclidean")
+    ratio = lambda name, key: (  # noqa: E731
+        f"{'-':>7}"
+        if not euclid
+        else f"{time_ratio(results, name, 'euclidean', args.interleave):>6.2f}x"
+        if key == "median_s"
+        else f"{results[name][key] / euclid[key]:>6.2f}x"
+    )
+    for name in args.models:
+        r = results[name]
+        print(
+            f"{LABELS[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {ratio(name, 'median_s')} "
+            f"{r['peak_growth_mib']:>12.0f} MiB {ratio(name, 'peak_growth_mib')} "
+            f"{r['saved_mib']:>10.0f} MiB {ratio(name, 'saved_mib')} {r['first_step_s']:>9.1f} s"
+        )
+    if args.interleave and euclid:
+        print(
+            "(interleaved: time ratios are medians of the per-round ratios; per-round ViT / model times in ms: "
+            + "; ".join(
+                f"{name} " + " ".join(f"{t * 1e3:.0f}" for t in results[name]["times"]) for name in args.models
+            )
+            + ")"
+        )
+    if {"polar", "ambient"} <= set(results):
+        print(f"polar / ambient: {time_ratio(results, 'polar', 'ambient', args.interleave):.2f}x")
+    if {"polar", "polar-reference"} <= set(results):
+        print(
+            f"fused / reference: time {time_ratio(results, 'polar', 'polar-reference', args.interleave):.2f}x, "
+            f"saved {results['polar']['saved_mib'] / results['polar-reference']['saved_mib']:.2f}x"
+        )
 
 
 def interleaved(args: argparse.Namespace, command, tqdm) -> dict | None:
@@ -363,7 +381,13 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = list(results)
     colors = [
-        dict(zip(MODELS, ["tab:gray", "tab:red", "tab:purple", "tab:blue", "tab:green", "tab:cyan"]))[n] for n in names
+        dict(
+            zip(
+                MODELS,
+                ["tab:gray", "tab:red", "tab:purple", "tab:blue", "tab:green", "tab:cyan", "tab:orange", "tab:brown"],
+            )
+        )[n]
+        for n in names
     ]
     for ax, key, scale, label in (
         (axes[0], "median_s", 1e3, "ms / step (fwd + bwd)"),

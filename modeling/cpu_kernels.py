@@ -6,6 +6,8 @@ elementwise passes into a few fused C++ loops.  :func:`use_kernels` decides per 
 :class:`runtime.RuntimeOptions` (the ``cpu_kernels`` switch and the ``kernel_min_elements`` size) and the
 tensors; inference, float64, GPUs, small tensors and code already inside ``torch.compile`` run the same
 function eagerly.  A compiler failure (no C++ compiler) warns once and runs eager for the rest of the process.
+Compiled kernels are kept on disk (:class:`PersistentKernel`, :func:`kernel_cache_dir`): compiled once per
+machine, torch and source, loaded in milliseconds by every later process.
 
 :class:`RecomputedFunction` (:func:`recomputed`) runs any pure tensor function without keeping its autograd
 graph: backward recomputes it and differentiates it with ``torch.func.vjp``.
@@ -16,8 +18,14 @@ This module is part of the remote code of exported checkpoints: it imports only 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import sys
+import threading
+import uuid
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +41,9 @@ __all__ = [
     "compiled_functions",
     "cpu_kernels_enabled",
     "first_order",
+    "PersistentKernel",
     "kernel",
+    "kernel_cache_dir",
     "rebuild_record",
     "recomputed",
     "record_layout",
@@ -116,10 +126,12 @@ def use_kernels(like: Tensor, training: bool, elements: int | None = None) -> bo
 
 
 def kernel(fn: Callable) -> Callable:
-    """``fn`` compiled by inductor with dynamic shapes (one compile per process and argument kind, reused from
-    inductor's on-disk cache), or ``fn`` itself if compiling fails: a warning, then eager."""
+    """``fn`` compiled by inductor with dynamic shapes, or ``fn`` itself if compiling fails: a warning, then eager.
+
+    The compiled variants persist across processes (:class:`PersistentKernel`): a new process loads them from
+    :func:`kernel_cache_dir` instead of tracing ``fn`` again."""
     if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True, fullgraph=True)
+        _COMPILED[fn] = PersistentKernel(fn)
 
     def run(*args: Any) -> Any:
         if _COMPILED[fn] is not fn:
@@ -135,6 +147,138 @@ def kernel(fn: Callable) -> Callable:
         return fn(*args)
 
     return run
+
+
+def kernel_cache_dir() -> Path | None:
+    """Where compiled kernels are kept between processes: ``$POLAR_VIT_KERNEL_CACHE`` (empty or ``0``: nowhere),
+    else ``~/.cache/polar_vit_hf/kernels``; one subfolder per torch version, CPU capability and Python version."""
+    root = os.environ.get("POLAR_VIT_KERNEL_CACHE", str(Path.home() / ".cache" / "polar_vit_hf" / "kernels"))
+    if root in ("", "0"):
+        return None
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(root) / f"torch-{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{python}"
+
+
+class PersistentKernel:
+    """``fn``'s compiled variants, each an ahead-of-time compiled function (``torch.compile(...).aot_compile``)
+    kept in :func:`kernel_cache_dir` and guarded by what it was compiled for (dtypes, ranks, which arguments
+    are ``None``, shape relations).
+
+    A call runs the first variant whose guards accept the arguments; if none does, it compiles a new one from
+    the arguments (``dynamic=True``: any sizes of the same kind) and saves it.  The first call in a process
+    loads the saved variants of the same function, the same source code of this package and the same torch:
+    no tracing, no compile.  Where a function cannot be compiled ahead of time (or the cache is off) it runs
+    through ``torch.compile`` as usual (inductor's own caches then apply).
+    """
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self.folder = _variants_folder(fn)
+        self.variants: list[Any] = []
+        self.loaded: set[str] = set()  # the files of the folder already loaded (or unreadable)
+        self.jit: Callable | None = None
+        self.compiles = 0  # variants this process compiled (the others came from the cache)
+        self.lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        with self.lock:
+            variant = self._matching(args)
+            if variant is None and self.folder is not None:  # saved by an earlier or a parallel process
+                self.variants += _load_variants(self.folder, getattr(self.fn, "__globals__", None), self.loaded)
+                variant = self._matching(args)
+            if variant is None and self.jit is None and self.folder is not None:
+                variant = _compile_variant(self.fn, args, self.folder, self.loaded)
+                if variant is not None:
+                    self.variants.append(variant)
+                    self.compiles += 1
+            if variant is None and self.jit is None:
+                self.jit = torch.compile(self.fn, dynamic=True, fullgraph=True)
+        return variant.fn(*args) if variant is not None else self.jit(*args)  # type: ignore[misc]
+
+    def _matching(self, args: tuple) -> Any | None:
+        """The first variant whose guards accept ``args``."""
+        return next((variant for variant in self.variants if variant.guard_check(*args)), None)
+
+
+def _describe(value: Any) -> str | None:
+    """A stable text naming ``value`` (a function with its closure, a constant, a tuple of these) across
+    processes, or ``None`` where there is none (then the kernel is not kept on disk)."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return repr(value)
+    if isinstance(value, tuple):
+        parts = [_describe(item) for item in value]
+        return None if None in parts else "(" + ",".join(parts) + ")"  # type: ignore[arg-type]
+    if callable(value) and hasattr(value, "__qualname__") and hasattr(value, "__module__"):
+        cells = [_describe(cell.cell_contents) for cell in getattr(value, "__closure__", None) or ()]
+        if None in cells:
+            return None
+        return f"{value.__module__}.{value.__qualname__}[" + ",".join(cells) + "]"  # type: ignore[arg-type]
+    return None
+
+
+@functools.cache
+def _source_digest() -> str:
+    """Digest of this package's source files: a kernel compiled from other code is never loaded."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _variants_folder(fn: Callable) -> Path | None:
+    root = kernel_cache_dir()
+    name = _describe(fn)
+    if root is None or name is None:
+        return None
+    key = hashlib.sha256(f"{_source_digest()}|{name}".encode()).hexdigest()[:24]
+    return root / key
+
+
+def _load_variants(folder: Path, f_globals: dict[str, Any] | None, loaded: set[str]) -> list[Any]:
+    """The variants saved in ``folder`` whose files are not in ``loaded`` (which gains them), their code bound
+    to the function's module globals ``f_globals``; a file that does not load (truncated, from another build)
+    is removed and compiled again when needed."""
+    if f_globals is not None:
+        _install_module_aliases(f_globals)
+    variants = []
+    for path in sorted(folder.glob("*.bin")) if folder.is_dir() else ():
+        if path.name in loaded:
+            continue
+        loaded.add(path.name)
+        try:
+            with open(path, "rb") as handle:
+                variants.append(torch.compiler.load_compiled_function(handle, f_globals=f_globals))
+        except Exception:  # noqa: BLE001 - an unreadable variant is compiled again
+            path.unlink(missing_ok=True)
+    return variants
+
+
+def _install_module_aliases(f_globals: dict[str, Any]) -> None:
+    """Give ``f_globals`` the names by which compiled code refers to the modules of this package
+    (``__import_<module with . as _dot_>``), as tracing installs them: a loaded variant's guards look them up."""
+    package = __name__.rpartition(".")[0]
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name == package or name.startswith(package + ".")):
+            f_globals.setdefault(f"__import_{name.replace('.', '_dot_')}", module)
+
+
+def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str]) -> Any | None:
+    """``fn`` compiled ahead of time for arguments like ``args`` and saved in ``folder`` (its file name added to
+    ``loaded``); ``None`` where it cannot be (the caller then uses ``torch.compile``)."""
+    try:
+        with torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+            # (no duck sizing: sizes equal in ``args`` need not stay equal)
+            variant = torch.compile(fn, dynamic=True, fullgraph=True).aot_compile((args, {}))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not every traceable function can be compiled ahead of time
+        return None
+    name = f"{uuid.uuid4().hex}.bin"
+    loaded.add(name)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        variant.save_compiled_function(str(folder / name))  # written atomically
+    except Exception:  # noqa: BLE001 - a read-only or full disk: the variant still serves this process
+        pass
+    return variant
 
 
 def compiled_functions() -> dict[Callable, Callable]:

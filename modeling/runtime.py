@@ -36,7 +36,9 @@ class RuntimeOptions:
         cpu_kernels: the fused layers may run their pure-tensor cores as inductor-compiled kernels when
             training in float32 on the CPU (:mod:`cpu_kernels`).
         kernel_min_elements: a fused layer uses its compiled kernel only from this many elements in its largest
-            tensor (below it, eager passes stay cache-resident and a compile is not won back).
+            tensor (``benchmarks/step_time.py``: the kernels win at every tiny-cifar batch from 8 to 128 once their
+            compiled variants load from the kernel cache; below this size - the ``demo`` preset - a short run
+            never wins back the first compile, minutes on 2 cores).
         attention_group_elements: ``H x N x M`` score elements per group of samples in the fused attention
             core (cache-sized temporaries).
         chunked_min_tokens: ``polar_attn_implementation="auto"`` on the CPU uses the chunked core from this
@@ -46,7 +48,7 @@ class RuntimeOptions:
     """
 
     cpu_kernels: bool = True
-    kernel_min_elements: int = 1 << 20
+    kernel_min_elements: int = 1 << 16
     attention_group_elements: int = 1 << 19
     chunked_min_tokens: int = 1024
     input_checks: bool = True

@@ -16,8 +16,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-SERIES_CUTOFF = 1e-4  # below this value of c (Eq. 5), asinh(s)/s and the distance slope use their Taylor series
-SINHC_SERIES_CUTOFF = 1e-8  # below this w^2, sinh(w)/w and cosh(w) use their Taylor series
+
+def series_cutoff() -> float:
+    """``1e-4``: below this value of ``c`` (Eq. 5), ``asinh(s)/s`` and the distance slope use their Taylor series
+    (a function, not a module float, so compiled kernels hold it as a constant and not as a guarded global)."""
+    return 1e-4
+
+
+SERIES_CUTOFF = series_cutoff()
+
+
+def sinhc_series_cutoff() -> float:
+    """``1e-8``: below this ``w^2``, ``sinh(w)/w`` and ``cosh(w)`` use their Taylor series (a function, not a
+    module float, so compiled kernels hold it as a constant and not as a guarded global)."""
+    return 1e-8
+
+
+SINHC_SERIES_CUTOFF = sinhc_series_cutoff()
 
 __all__ = [
     "SERIES_CUTOFF",
@@ -74,7 +89,7 @@ def asinh_sqrt_half(c: Tensor) -> tuple[Tensor, Tensor]:
 def asinhc_half(c: Tensor) -> Tensor:
     """``asinh(s) / s`` with ``s = sqrt(c / 2)``, smooth in ``c`` down to ``c = 0`` (series below
     :data:`SERIES_CUTOFF`: ``1 - s^2/6 + 3 s^4/40``)."""
-    small = c < SERIES_CUTOFF
+    small = c < series_cutoff()
     c_safe = torch.where(small, torch.ones_like(c), c)
     s = torch.sqrt(0.5 * c_safe)
     exact = asinh_nonneg(s) / s
@@ -90,8 +105,8 @@ def distance_slope(c: Tensor, asinh_s: Tensor, root: Tensor) -> Tensor:
     """
     s_sq = 0.5 * c
     slope = asinh_s / torch.sqrt(s_sq)
-    if torch.compiler.is_compiling() or bool((c < SERIES_CUTOFF).any()):
-        slope = torch.where(c < SERIES_CUTOFF, 1.0 - s_sq / 6.0 + 0.075 * s_sq * s_sq, slope)
+    if torch.compiler.is_compiling() or bool((c < series_cutoff()).any()):
+        slope = torch.where(c < series_cutoff(), 1.0 - s_sq / 6.0 + 0.075 * s_sq * s_sq, slope)
     return 2.0 * slope / root
 
 
@@ -127,7 +142,7 @@ def cosh_minus_one(x: Tensor) -> tuple[Tensor, Tensor]:
 def sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(sinh(w)/w, cosh w, w, small)`` as smooth functions of ``w^2`` (even in ``w``; the series
     ``1 + w^2/6`` and ``1 + w^2/2`` where ``small``, below :data:`SINHC_SERIES_CUTOFF`)."""
-    small = omega_sq < SINHC_SERIES_CUTOFF
+    small = omega_sq < sinhc_series_cutoff()
     w = torch.sqrt(torch.where(small, torch.ones_like(omega_sq), omega_sq))
     sinh_w, cosh_w = sinh_cosh(w)
     sinhc = torch.where(small, 1.0 + omega_sq / 6.0, sinh_w / w)
@@ -136,7 +151,7 @@ def sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 def cosh_sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor]:
     """``cosh(w)`` and ``sinh(w)/w`` as smooth functions of ``w^2`` (:func:`sinhc_sq`; differentiable)."""
-    small = omega_sq < SINHC_SERIES_CUTOFF
+    small = omega_sq < sinhc_series_cutoff()
     w = torch.sqrt(torch.where(small, torch.ones_like(omega_sq), omega_sq))
     sinh_w, cosh_w = sinh_cosh_smooth(w)
     return (torch.where(small, 1.0 + 0.5 * omega_sq, cosh_w), torch.where(small, 1.0 + omega_sq / 6.0, sinh_w / w))

@@ -215,6 +215,7 @@ def test_a_compiler_failure_warns_once_and_runs_eager(kernels_on, monkeypatch):
         return run
 
     cpu_kernels.clear_compiled()
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", "0")  # nothing saved by an earlier test may serve the call
     monkeypatch.setattr(torch, "compile", broken)
     x, f = points(1, 5, 8, 2.0, 4).float(), points(1, 5, 8, 2.0, 5).float()
     alpha = torch.tensor(0.5, requires_grad=True)
@@ -224,3 +225,86 @@ def test_a_compiler_failure_warns_once_and_runs_eager(kernels_on, monkeypatch):
     cpu_kernels.set_cpu_kernels(False)
     assert torch.equal(out, FL.fused_boost_residual(x, f, alpha, None, 1.0))
     cpu_kernels.clear_compiled()
+
+
+TRAIN_ONE_STEP = """
+import json, sys, time, torch
+import polar_vit_hf as P
+from polar_vit_hf.modeling import cpu_kernels
+from polar_vit_hf.modeling.runtime import set_runtime_options
+
+set_runtime_options(cpu_kernels=True, kernel_min_elements=0)
+torch.manual_seed(0)
+config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10, num_hidden_layers=1, drop_path_rate=0.0)
+model = P.PolarViTForImageClassification(config).train()
+start = time.perf_counter()
+loss = model(pixel_values=torch.randn(2, 3, 32, 32), labels=torch.tensor([1, 7])).loss
+loss.backward()
+kernels = [k for k in cpu_kernels.compiled_functions().values() if isinstance(k, cpu_kernels.PersistentKernel)]
+print(json.dumps({
+    "seconds": time.perf_counter() - start,
+    "kernels": len(kernels),
+    "compiles": sum(k.compiles for k in kernels),
+    "jit": sum(k.jit is not None for k in kernels),
+    "loss": loss.item(),
+    "grads": [p.grad.double().sum().item() for p in model.parameters()],
+}))
+"""
+
+
+def train_one_step(cache) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "POLAR_VIT_KERNEL_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", TRAIN_ONE_STEP], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_compiled_kernels_persist_across_processes_and_a_corrupt_file_is_compiled_again(tmp_path):
+    first = train_one_step(tmp_path)
+    assert first["kernels"] > 5 and first["compiles"] >= first["kernels"] and first["jit"] == 0
+    saved = sorted(tmp_path.rglob("*.bin"))
+    assert len(saved) == first["compiles"]
+    second = train_one_step(tmp_path)  # a new process: every kernel loads, none is traced or compiled
+    assert second["compiles"] == 0 and second["jit"] == 0 and second["kernels"] == first["kernels"]
+    assert second["loss"] == first["loss"] and second["grads"] == first["grads"]  # the very same code ran
+    assert sorted(tmp_path.rglob("*.bin")) == saved
+    saved[0].write_bytes(b"not a compiled function")  # truncated by a crash, or from another build
+    third = train_one_step(tmp_path)
+    assert third["compiles"] == 1 and third["grads"] == first["grads"]
+    assert len(list(tmp_path.rglob("*.bin"))) == len(saved) and not saved[0].exists()
+
+
+def test_a_kernel_compiles_one_variant_per_kind_of_arguments(kernels_on, tmp_path, monkeypatch):
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
+    kernel = cpu_kernels.PersistentKernel(FL._boost_residual_forward)
+    alpha = torch.tensor(0.5)
+    with torch.no_grad():
+        for tokens in (5, 9, 33):  # sizes of one kind: one variant (dynamic shapes)
+            x, f = points(2, tokens, 8, 2.0, 4).float(), points(2, tokens, 8, 2.0, 5).float()
+            out = kernel(x, f, alpha, None, 1.0)
+            assert torch.allclose(out, FL._boost_residual_forward(x, f, alpha, None, 1.0), rtol=1e-6, atol=1e-6)
+        assert kernel.compiles == 1
+        strength = torch.tensor(0.3)  # another argument present: another variant, of the same results as eager
+        out = kernel(x, f, alpha, strength, 1.0)
+        assert kernel.compiles == 2
+        assert torch.allclose(out, FL._boost_residual_forward(x, f, alpha, strength, 1.0), rtol=1e-6, atol=1e-6)
+    folders = {path.parent for path in tmp_path.rglob("*.bin")}
+    assert len(folders) == 1 and len(list(next(iter(folders)).glob("*.bin"))) == 2
+
+
+def test_kernel_cache_keys_name_the_function_and_its_bound_constants(monkeypatch, tmp_path):
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
+    folder = cpu_kernels._variants_folder
+    assert folder(FL._boost_residual_forward) == folder(FL._boost_residual_forward)
+    assert folder(FL._boost_residual_forward) != folder(FL._boost_residual_gradients)
+    one = cpu_kernels.bound(FL._boost_residual_forward, (1.0,))
+    assert folder(one) != folder(cpu_kernels.bound(FL._boost_residual_forward, (2.0,)))
+    assert folder(one) != folder(cpu_kernels.bound(FL._boost_residual_gradients, (1.0,)))
+    assert folder(cpu_kernels.bound(FL._boost_residual_forward, (torch.zeros(1),))) is None  # not nameable: not kept
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", "0")
+    assert folder(FL._boost_residual_forward) is None
