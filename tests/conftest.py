@@ -21,7 +21,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # the compiled CPU kernels of the fused layers (inductor, a compile per process and kernel) stay off in the suite,
 # where every test and subprocess trains for a few steps; tests/test_cpu_kernels.py turns them on and checks them
 os.environ.setdefault("POLAR_VIT_CPU_KERNELS", "0")
-# compiled kernels the tests make are kept for this session only, not in the user's cache
+# compiled kernels the tests make are kept for this test run only, not in the user's cache
 os.environ.setdefault("POLAR_VIT_KERNEL_CACHE", tempfile.mkdtemp(prefix="polar-vit-kernels-"))
 
 import pytest  # noqa: E402
