@@ -183,14 +183,14 @@ class PersistentKernel:
     def __call__(self, *args: Any) -> Any:
         with self.lock:
             variant = self._matching(args)
-            if variant is None and self.folder is not None:  # saved by an earlier or a parallel process
-                self.variants += _load_variants(self.folder, getattr(self.fn, "__globals__", None), self.loaded)
-                variant = self._matching(args)
             if variant is None and self.jit is None and self.folder is not None:
-                variant = _compile_variant(self.fn, args, self.folder, self.loaded)
-                if variant is not None:
-                    self.variants.append(variant)
-                    self.compiles += 1
+                self.variants += _load_variants(self.folder, getattr(self.fn, "__globals__", None), self.loaded)
+                variant = self._matching(args)  # saved by an earlier or a parallel process
+                if variant is None:
+                    variant = _compile_variant(self.fn, args, self.folder, self.loaded)
+                    if variant is not None:
+                        self.variants.append(variant)
+                        self.compiles += 1
             if variant is None and self.jit is None:
                 self.jit = torch.compile(self.fn, dynamic=True, fullgraph=True)
         return variant.fn(*args) if variant is not None else self.jit(*args)  # type: ignore[misc]
