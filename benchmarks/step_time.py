@@ -1,10 +1,12 @@
 """Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
 
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile] [--device cuda]
-          [--models euclidean ambient polar-reference polar polar-chunked] [--interleave] [--autocast bf16]
+          [--models euclidean ambient ambient-reference polar-reference polar polar-chunked] [--interleave]
+          [--autocast bf16]
           [--models ... hypercore hexformer --hypercore DIR --hexformer DIR]
 
-Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic, Polar-ViT in polar arithmetic
+Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic (fused layers, ``FusedAmbientOps``; with
+the reference layers, ``ambient-reference``), Polar-ViT in polar arithmetic
 with the reference layers (``fused_ops=False``: geometry functions differentiated by autograd, eager
 attention), with the fused layers (``fused_ops=True``, the default: ``FusedPolarOps``, with its
 compiled CPU kernels), fused without the compiled kernels (``polar-eager``) and fused with the chunked
@@ -36,10 +38,21 @@ import sys
 import time
 from pathlib import Path
 
-MODELS = ("euclidean", "ambient", "polar-reference", "polar", "polar-eager", "polar-chunked", "hypercore", "hexformer")
+MODELS = (
+    "euclidean",
+    "ambient",
+    "ambient-reference",
+    "polar-reference",
+    "polar",
+    "polar-eager",
+    "polar-chunked",
+    "hypercore",
+    "hexformer",
+)
 LABELS = {
     "euclidean": "Euclidean ViT (transformers)",
     "ambient": "Polar-ViT, ambient arithmetic",
+    "ambient-reference": "Polar-ViT, ambient, reference layers",
     "polar-reference": "Polar-ViT, polar, reference layers",
     "polar": "Polar-ViT, polar, fused (default)",
     "polar-eager": "Polar-ViT, fused, no compiled kernels",
@@ -68,7 +81,7 @@ def worker(args: argparse.Namespace) -> None:
         model = peer_classifier(args.model, Path(getattr(args, args.model)), config)
     else:
         config.arithmetic = args.model.split("-")[0]
-        config.fused_ops = args.model != "polar-reference"
+        config.fused_ops = not args.model.endswith("-reference")
         if args.model == "polar-chunked":
             config.polar_attn_implementation = "chunked"
         model = P.PolarViTForImageClassification(config)

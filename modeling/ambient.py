@@ -32,8 +32,12 @@ __all__ = [
     "gyroadd",
     "horoshift",
     "inner",
+    "lorentz_normalize",
+    "lorentz_normalize_backward",
+    "acosh_slope",
     "log_origin",
     "logmap",
+    "pairwise_minus_inner",
     "pairwise_sq_distance",
     "project_grad",
     "rotate",
@@ -43,8 +47,11 @@ __all__ = [
     "transport",
 ]
 
-# Floor of the Lorentz norm and of arcosh's argument, as in common ambient implementations.
-_NORM_FLOOR = 1e-8
+
+def norm_floor() -> float:
+    """``1e-8``: the floor of the Lorentz norm and of ``arcosh``'s argument over 1, as in common ambient
+    implementations (a function, not a module float, so compiled kernels hold it as a constant, not a guard)."""
+    return 1e-8
 
 
 def _check_ambient(x: Tensor, name: str = "x") -> None:
@@ -70,7 +77,7 @@ def sq_distance(x: Tensor, y: Tensor, k: Curvature = 1.0) -> Tensor:
     sk = _sqrt_k(k)
     _check_ambient(x)
     _check_ambient(y, "y")
-    arg = (-inner(x, y) / k).clamp_min(1.0 + _NORM_FLOOR)
+    arg = (-inner(x, y) / k).clamp_min(1.0 + norm_floor())
     return (sk * torch.acosh(arg)).square()
 
 
@@ -86,8 +93,37 @@ def pairwise_sq_distance(xq: Tensor, xk: Tensor, k: Curvature = 1.0) -> Tensor:
     sk = _sqrt_k(k)
     _check_ambient(xq, "xq")
     _check_ambient(xk, "xk")
-    minus_inner = xq[..., :, None, 0] * xk[..., None, :, 0] - xq[..., 1:] @ xk[..., 1:].transpose(-1, -2)
-    return (sk * torch.acosh((minus_inner / k).clamp_min(1.0 + _NORM_FLOOR))).square()
+    return (sk * torch.acosh((pairwise_minus_inner(xq, xk) / k).clamp_min(1.0 + norm_floor()))).square()
+
+
+def pairwise_minus_inner(xq: Tensor, xk: Tensor) -> Tensor:
+    """All ``-<q_i, k_j>_L = q_0 k_0 - q_s . k_s`` ``(..., Nq, Nk)``: one outer product and one matmul."""
+    return xq[..., :, None, 0] * xk[..., None, :, 0] - xq[..., 1:] @ xk[..., 1:].transpose(-1, -2)
+
+
+def lorentz_normalize(s: Tensor, k: Curvature = 1.0) -> Tensor:
+    """The point ``sqrt(k) s / sqrt(|<s, s>_L|)`` on the hyperboloid through a time-like ``s`` (Eq. 4), the Lorentz
+    norm floored at ``1e-8``."""
+    return _sqrt_k(k) * s / torch.sqrt(inner(s, s).abs().clamp_min(norm_floor())).unsqueeze(-1)
+
+
+def lorentz_normalize_backward(s: Tensor, grad: Tensor, k: Curvature = 1.0) -> Tensor:
+    """The gradient of :func:`lorentz_normalize` at ``s`` for the output gradient ``grad``: with ``t = <s, s>_L``,
+    ``n = sqrt(|t|)`` and ``J s = (-s_0, s_s)``, ``sqrt(k) / n (g - sign(t) (g . s) J s / n^2)`` (the second term
+    zero where the norm is floored)."""
+    t = inner(s, s)
+    n_sq = t.abs().clamp_min(norm_floor())
+    coef = torch.where(t.abs() >= norm_floor(), torch.sign(t) * (grad * s).sum(-1) / n_sq, 0.0)
+    j_s = torch.cat([-s[..., :1], s[..., 1:]], dim=-1)
+    return (_sqrt_k(k) / torch.sqrt(n_sq)).unsqueeze(-1) * (grad - coef.unsqueeze(-1) * j_s)
+
+
+def acosh_slope(x: Tensor, acosh_x: Tensor) -> Tensor:
+    """``arcosh(x) / sqrt(x^2 - 1)`` for ``x >= 1`` from ``acosh_x = arcosh(x)``: the derivative ``2 arcosh(x) /
+    sqrt(x^2 - 1)`` of ``arcosh(x)^2`` over 2, ``1`` at ``x = 1`` (its limit)."""
+    above = x > 1.0
+    safe = torch.where(above, x, 2.0)
+    return torch.where(above, acosh_x / torch.sqrt((safe - 1.0) * (safe + 1.0)), 1.0)
 
 
 def centroid(x: Tensor, weights: Tensor, k: Curvature = 1.0) -> Tensor:
@@ -100,9 +136,7 @@ def centroid(x: Tensor, weights: Tensor, k: Curvature = 1.0) -> Tensor:
     _check_ambient(x)
     if weights.shape[-1] != x.shape[-2]:
         raise ValueError(f"weights {tuple(weights.shape)} must end with M={x.shape[-2]}")
-    s = weights @ x
-    norm = torch.sqrt(inner(s, s).abs().clamp_min(_NORM_FLOOR))
-    mu = sk * s / norm.unsqueeze(-1)
+    mu = lorentz_normalize(weights @ x, k)
     origin = torch.zeros_like(mu)
     origin[..., 0] = sk
     return torch.where((weights.sum(-1) <= 0).unsqueeze(-1), origin, mu)

@@ -137,9 +137,10 @@ class PolarViTConfig(PreTrainedConfig):
             (see ``attention.polar_attention``); ``"auto"`` picks Triton on CUDA, chunked on CPU for long
             sequences, the fused single-block function below that (eager with ``fused_ops=False``), and
             eager when attention probabilities are requested.
-        fused_ops: run the polar layers as fused ``torch.autograd.Function``s with hand-derived backward
-            passes (:mod:`fused`, default) instead of the reference layers differentiated by autograd
-            (``False``); the two agree to rounding (float64: ~1e-12).  Ambient arithmetic is never fused.
+        fused_ops: run the layers as fused ``torch.autograd.Function``s that keep no autograd graph of their
+            intermediates (default: polar, hand-derived backward passes; ambient, a hand-derived attention and
+            recomputed layers) instead of the reference layers differentiated by autograd (``False``); the two
+            agree to rounding (float64: ~1e-12 polar; ambient, to its own conditioning ``eps cosh^2 a``).
         initializer_range: std of the truncated-normal init of Euclidean tables (positions, heads).
     """
 

@@ -262,14 +262,26 @@ def _install_module_aliases(f_globals: dict[str, Any]) -> None:
             f_globals.setdefault(f"__import_{name.replace('.', '_dot_')}", module)
 
 
+def _aot_compile(fn: Callable, args: tuple) -> Any:
+    """``torch.compile(fn, dynamic=True, fullgraph=True)`` ahead of time for arguments like ``args``, without duck
+    sizing (sizes equal in ``args`` need not stay equal)."""
+    with torch.fx.experimental._config.patch(use_duck_shape=False), warnings.catch_warnings():  # type: ignore[attr-defined]
+        # (the guards read ``.grad`` of non-leaf arguments, which warns)
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+        return torch.compile(fn, dynamic=True, fullgraph=True).aot_compile((args, {}))  # type: ignore[attr-defined]
+
+
 def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str]) -> Any | None:
     """``fn`` compiled ahead of time for arguments like ``args`` and saved in ``folder`` (its file name added to
     ``loaded``); ``None`` where it cannot be (the caller then uses ``torch.compile``)."""
     try:
-        with torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
-            # (no duck sizing: sizes equal in ``args`` need not stay equal)
-            variant = torch.compile(fn, dynamic=True, fullgraph=True).aot_compile((args, {}))  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - not every traceable function can be compiled ahead of time
+        variant = _aot_compile(fn, args)
+    except torch._dynamo.exc.TensorifyScalarRestartAnalysis:  # a restart that ``torch.compile`` does itself
+        try:
+            variant = _aot_compile(fn, args)
+        except Exception:  # noqa: BLE001 - not every traceable function can be compiled ahead of time
+            return None
+    except Exception:  # noqa: BLE001
         return None
     name = f"{uuid.uuid4().hex}.bin"
     loaded.add(name)
@@ -354,7 +366,7 @@ def bound(fn: Callable, constants: tuple) -> Callable:
 def _vjp(fn: Callable, constants: tuple) -> Callable:
     """``(grad, *tensors) -> gradients of fn(*tensors, *constants)`` by :func:`recompute_vjp` (one function object
     per pair: one compiled kernel)."""
-    return lambda grad, *tensors: recompute_vjp(bound(fn, constants), tensors, grad)[1]
+    return lambda grad, *tensors: recompute_vjp(lambda *primals: fn(*primals, *constants), tensors, grad)[1]
 
 
 def record_leaves(record: Any) -> list[Tensor | None]:

@@ -18,19 +18,30 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from .ambient import (
+    acosh_slope,
+    lorentz_normalize,
+    lorentz_normalize_backward,
+    norm_floor,
+    pairwise_minus_inner,
+)
 from .cpu_kernels import first_order, run_maybe_compiled, training
 from .geometry import centroid_radius
 from .runtime import runtime_options
-from .stable_math import distance_slope, safe_normalize, sinh_cosh
+from .stable_math import distance_slope, kernel_acosh, safe_normalize, sinh_cosh
 
 CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
 
 __all__ = [
     "CHORD_PRODUCT_ABOVE",
+    "FusedAmbientAttention",
     "FusedPolarAttention",
+    "AmbientScores",
     "CentredValues",
+    "ambient_scores",
     "centroid_row_gradients",
     "chord_operands",
+    "fused_ambient_attention",
     "fused_polar_attention",
     "pair_chords",
     "row_gradients",
@@ -460,3 +471,124 @@ def fused_polar_attention(
     """Polar attention (Eq. 9) in one fused function (:class:`FusedPolarAttention`); ``scale`` is an ``(H,)``
     tensor."""
     return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k), training(rq, uq, rk, uk, rv, uv, scale))
+
+
+# --------------------------------------------------------------------------------------------
+# the ambient twin (Eq. 1, 4, 9 in ambient coordinates)
+# --------------------------------------------------------------------------------------------
+class AmbientScores(NamedTuple):
+    """Eq. 1 for all pairs of a group (all ``(G, N, M)``): ``A = -<q_i, k_j>_L / k``, ``A`` floored at ``1 + 1e-8``,
+    ``arcosh`` of the floored value and the squared distance ``k arcosh^2``."""
+
+    arg: Tensor
+    floored: Tensor
+    acosh: Tensor
+    sq_dist: Tensor
+
+
+def ambient_scores(q: Tensor, keys: Tensor, k: float) -> AmbientScores:
+    """:class:`AmbientScores` of queries ``(G, N, d+1)`` and keys ``(G, M, d+1)``: the formula of
+    :func:`ambient.pairwise_sq_distance`, ``arcosh`` through ``log`` in compiled kernels
+    (:func:`stable_math.kernel_acosh`)."""
+    arg = pairwise_minus_inner(q, keys) / k
+    floored = arg.clamp_min(1.0 + norm_floor())
+    acosh = kernel_acosh(floored)
+    return AmbientScores(arg, floored, acosh, k * acosh.square())
+
+
+def _ambient_group_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float) -> tuple[Tensor, Tensor]:
+    """Forward of :class:`FusedAmbientAttention` on one group of slices ``(G, N, d+1)``: ``(lse (G, N), sums (G, N,
+    d+1))``, ``sums = P v`` before the Lorentz normalisation."""
+    logits = -scale * ambient_scores(q, keys, k).sq_dist
+    top = logits.amax(-1, keepdim=True)
+    probs = torch.exp(logits - top)
+    total = probs.sum(-1, keepdim=True)
+    return (torch.log(total) + top).squeeze(-1), torch.bmm(probs, v) / total
+
+
+def _ambient_group_backward(
+    q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, lse: Tensor, sums: Tensor, grad: Tensor, k: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Backward of :class:`FusedAmbientAttention` on one group (formulas in its docstring): gradients of ``(q, keys,
+    v)`` and the per-slice scale gradient ``(G,)``."""
+    scores = ambient_scores(q, keys, k)
+    probs = torch.exp(-scale * scores.sq_dist - lse.unsqueeze(-1))
+    g_sums = lorentz_normalize_backward(sums, grad, k)
+    g_probs = g_sums @ v.transpose(-1, -2)
+    g_logits = probs * (g_probs - (probs * g_probs).sum(-1, keepdim=True))
+    g_scale = -(g_logits * scores.sq_dist).sum(dim=(1, 2))
+    # d(k arcosh(M / k)^2) / dM = 2 arcosh(A) / sqrt(A^2 - 1), zero where the argument is floored
+    slope = acosh_slope(scores.floored, scores.acosh)
+    g_inner = torch.where(scores.arg >= scores.floored, (-2.0 * scale) * g_logits * slope, 0.0)
+    flip = lambda x: torch.cat([x[..., :1], -x[..., 1:]], dim=-1)  # noqa: E731 - J'x, with -<x, y>_L = (J'x) . y
+    return g_inner @ flip(keys), g_inner.transpose(-1, -2) @ flip(q), probs.transpose(-1, -2) @ g_sums, g_scale
+
+
+class FusedAmbientAttention(torch.autograd.Function):
+    r"""Ambient attention (Eq. 9 with the distance of Eq. 1 and the centroid of Eq. 4): the ambient twin's scores,
+    softmax and centroid in one function.
+
+    Forward per batch and head: ``M_ij = -<q_i, k_j>_L``, ``D_ij^2 = k arcosh(max(M_ij / k, 1 + 1e-8))^2``,
+    ``P = softmax_j(-scale_h D^2)``, ``s = P v``, ``mu = sqrt(k) s / sqrt(|<s, s>_L|)``: the formulas of
+    :meth:`manifold_ops.AmbientOps.attention`, in the same order.  Saved: the inputs, the log-sum-exp per row and
+    ``s``: nothing of size ``N x M``.  Backward recomputes ``P`` and uses ``g_s`` from
+    :func:`ambient.lorentz_normalize_backward`, ``g_P = g_s v^T``, ``g_v = P^T g_s``, ``g_logit = P (g_P - sum_j
+    P g_P)``, ``dD^2 / dM = 2 arcosh(A) / sqrt(A^2 - 1)`` (:func:`ambient.acosh_slope`), ``g_q = g_M J'k``,
+    ``g_k = g_M^T J'q`` with ``J' = diag(1, -1, ..., -1)``.
+    """
+
+    @staticmethod
+    def forward(  # noqa: D102
+        ctx: Any, q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float, is_training: bool
+    ) -> Tensor:
+        batch, heads, n_q, _ = q.shape
+        scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
+        pairs = batch * heads * n_q * keys.shape[2]
+        take = lambda t, group: t[group].flatten(0, 1)  # noqa: E731 - one slicing rule for every input
+        parts = [
+            run_maybe_compiled(
+                _ambient_group_forward,
+                is_training,
+                q,
+                *(take(t, group) for t in (q, keys, v, scales)),
+                k,
+                elements=pairs,
+            )
+            for group in _batch_groups(batch, heads * n_q * keys.shape[2])
+        ]
+        lse, sums = (torch.cat(part) for part in zip(*parts))
+        ctx.save_for_backward(q, keys, v, scale, lse, sums)
+        ctx.k = k
+        return lorentz_normalize(sums, k).view_as(q)
+
+    @staticmethod
+    @first_order
+    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
+        q, keys, v, scale, lse, sums = ctx.saved_tensors
+        batch, heads, n_q, _ = q.shape
+        scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
+        parts = []
+        for group in _batch_groups(batch, heads * n_q * keys.shape[2]):
+            slots = slice(group.start * heads, group.stop * heads)
+            inputs = (t[group].flatten(0, 1) for t in (q, keys, v, scales))
+            parts.append(
+                run_maybe_compiled(
+                    _ambient_group_backward,
+                    True,
+                    q,
+                    *inputs,
+                    lse[slots],
+                    sums[slots],
+                    grad[group].flatten(0, 1),
+                    ctx.k,
+                    elements=batch * heads * n_q * keys.shape[2],
+                )
+            )
+        g_q, g_keys, g_v, g_scale = (torch.cat(part) for part in zip(*parts))
+        return g_q.view_as(q), g_keys.view_as(keys), g_v.view_as(v), g_scale.view(batch, heads).sum(0), None, None
+
+
+def fused_ambient_attention(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
+    """Ambient attention (Eq. 9 in ambient coordinates) of ``(B, H, N, d+1)`` points in one fused function
+    (:class:`FusedAmbientAttention`); ``scale`` is an ``(H,)`` tensor."""
+    return FusedAmbientAttention.apply(q, keys, v, scale, float(k), training(q, keys, v, scale))

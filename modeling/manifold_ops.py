@@ -3,7 +3,7 @@
 Every layer of the model is written once against :class:`ManifoldOps` and never tests a flag: it calls the
 layer-level operations (:meth:`~ManifoldOps.polar_fc`, :meth:`~ManifoldOps.gyro_layer_norm`,
 :meth:`~ManifoldOps.boost_residual`, :meth:`~ManifoldOps.relative_position`, :meth:`~ManifoldOps.attention`,
-:meth:`~ManifoldOps.concat_heads`) and the geometric primitives below them.  Three siblings implement it:
+:meth:`~ManifoldOps.concat_heads`) and the geometric primitives below them.  Four siblings implement it:
 
 * :class:`PolarOps` - polar points ``[r, u]``, the reference: the small functions of :mod:`geometry`
   differentiated by autograd;
@@ -11,7 +11,9 @@ layer-level operations (:meth:`~ManifoldOps.polar_fc`, :meth:`~ManifoldOps.gyro_
   passes (:mod:`fused_attention`, :mod:`fused_gyro_norm`, :mod:`fused_layers`), compiled CPU kernels when
   training (:mod:`cpu_kernels`);
 * :class:`AmbientOps` - ambient coordinates ``[x_0, x_s]``, the textbook Lorentz formulas of :mod:`ambient`
-  (the paper's baseline).
+  (the paper's baseline), differentiated by autograd;
+* :class:`FusedAmbientOps` - ambient coordinates, the same formulas without an autograd graph of their
+  intermediates (:class:`fused_attention.FusedAmbientAttention`, recomputed layers).
 
 An operation one of them lacks is an error at class creation (abstract method), never a silent fallback.  All
 pack a point as one tensor ``(..., n+1)``, so reshapes, indexing and gradient checkpointing are the same.  The
@@ -44,6 +46,7 @@ from .ambient import (
 from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES
 from .cpu_kernels import recomputed
+from .fused_attention import fused_ambient_attention
 from .fused_gyro_norm import fused_gyro_layer_norm
 from .fused_layers import (
     boost_residual_step,
@@ -95,6 +98,7 @@ def product(x: Tensor, weight: Tensor, dtype: torch.dtype | None) -> Tensor:
 
 __all__ = [
     "AmbientOps",
+    "FusedAmbientOps",
     "FusedPolarOps",
     "ManifoldOps",
     "PolarOps",
@@ -440,7 +444,7 @@ class AmbientOps(ManifoldOps):
         return p
 
     def unit_coords(self, p: Tensor) -> Tensor:
-        return p / self.sqrt_k
+        return p if self.sqrt_k == 1.0 else p / self.sqrt_k  # (no copy at k = 1: the product saves its input)
 
     def klein(self, p: Tensor) -> Tensor:
         return p[..., 1:] / p[..., :1]
@@ -509,16 +513,66 @@ class AmbientOps(ManifoldOps):
         return output.pooler_output
 
 
+class FusedAmbientOps(AmbientOps):
+    """Ambient coordinates, the fused layers: the formulas of :class:`AmbientOps`, in the same order, without an
+    autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention` (hand-derived
+    backward); the gyro layer norm, the boost residual and the position encodings are recomputed functions
+    (:func:`cpu_kernels.recomputed`: backward recomputes and differentiates them); each a compiled kernel when
+    training on the CPU.  Polar-FC is the reference one (autograd): recomputed, it measured slower (inductor
+    evaluates the output point's per-token ``sinh`` / ``cosh`` once per coordinate)."""
+
+    def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
+        return recomputed(ambient_gyro_layer_norm, p, log_gain, bias_space, constants=(self.k, eps))
+
+    def boost_residual(self, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None) -> Tensor:
+        if strength is None:
+            return recomputed(ambient_boost_residual, x, f, alpha, constants=(self.k,))
+        return recomputed(ambient_scaled_boost_residual, x, f, alpha, strength, constants=(self.k,))
+
+    def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:
+        return recomputed(ambient_relative_position, p, t_rows, t_cols, constants=(kind, self.k))
+
+    def attention(
+        self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str, return_probs: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The fused core (:class:`fused_attention.FusedAmbientAttention`: nothing of size ``N x M`` kept for
+        backward); eager where the probabilities are returned."""
+        if return_probs:
+            return super().attention(q, k, v, scale, implementation, return_probs)
+        return fused_ambient_attention(q, k, v, scale, self.k), None
+
+
+# the layers of FusedAmbientOps: AmbientOps' formulas as pure functions of tensors and constants ---------------
+def ambient_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias_space: Tensor, k: float, eps: float) -> Tensor:
+    """:meth:`ManifoldOps.gyro_layer_norm` in ambient coordinates."""
+    return ManifoldOps.gyro_layer_norm(AmbientOps(k), p, log_gain, bias_space, eps)
+
+
+def ambient_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, k: float) -> Tensor:
+    """:meth:`ManifoldOps.boost_residual` in ambient coordinates."""
+    return ManifoldOps.boost_residual(AmbientOps(k), x, f, alpha, None)
+
+
+def ambient_scaled_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor, k: float) -> Tensor:
+    """:meth:`ManifoldOps.boost_residual` in ambient coordinates, ``f``'s radius scaled by ``strength``."""
+    return ManifoldOps.boost_residual(AmbientOps(k), x, f, alpha, strength)
+
+
+def ambient_relative_position(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, k: float) -> Tensor:
+    """:meth:`ManifoldOps.relative_position` in ambient coordinates."""
+    return ManifoldOps.relative_position(AmbientOps(k), kind, p, t_rows, t_cols)
+
+
 def make_ops(
     arithmetic: str,
     k: float,
     fused: bool = False,
     product_dtype: torch.dtype | None = None,
 ) -> ManifoldOps:
-    """The strategy of ``config.arithmetic`` and ``config.fused_ops`` (the fused layers exist in polar form only),
-    with the matrix products in ``product_dtype`` (:func:`product_dtype`)."""
+    """The strategy of ``config.arithmetic`` and ``config.fused_ops``, with the matrix products in
+    ``product_dtype`` (:func:`product_dtype`)."""
     if arithmetic == "polar":
         return (FusedPolarOps if fused else PolarOps)(k, product_dtype)
     if arithmetic == "ambient":
-        return AmbientOps(k, product_dtype)
+        return (FusedAmbientOps if fused else AmbientOps)(k, product_dtype)
     raise ValueError(f"arithmetic={arithmetic!r} is not one of ('polar', 'ambient')")

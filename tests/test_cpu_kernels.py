@@ -136,6 +136,20 @@ def test_attention_kernels_match_eager_and_float64(kernels_on, case, rmax):
     assert really_compiled(FA._attention_group_forward, FA._attention_group_backward)
 
 
+@pytest.mark.parametrize("case", ["generic", "identical", "dominant"])
+@pytest.mark.parametrize("rmax", [0.5, 2.0, 4.0])
+def test_ambient_attention_kernels_match_eager_and_float64(kernels_on, case, rmax):
+    """The ambient twin's attention core (``arcosh`` through ``log`` inside the kernels), in several groups,
+    against the same float32 inputs run eagerly and against float64, up to r = 4: beyond, float32 ambient
+    attention itself fails (Proposition 1; at r = 8 eager float32 is off by 1e4 in a one-hot softmax), and two
+    roundings of a failed result have no order to check."""
+    rq, uq, rk, uk, rv, uv, scale = make_inputs(batch=3, heads=2, n_q=11, n_k=13, dim=8, rmax=rmax, case=case)
+    points = [P.geometry.to_ambient(r.double(), u.double()).float() for r, u in ((rq, uq), (rk, uk), (rv, uv))]
+    with use_runtime_options(attention_group_elements=2 * 2 * 11 * 13):
+        check_kernels(lambda *a: FA.fused_ambient_attention(*a, 0.8), *points, scale.float(), joint_scale=True)
+    assert really_compiled(FA._ambient_group_forward, FA._ambient_group_backward)
+
+
 @pytest.mark.parametrize("kind", ["horoshift", "boost", "rotation"])
 @pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
 def test_reserved_axes_encoding_kernels_match_eager_and_float64(kernels_on, kind, rmax):
@@ -235,7 +249,9 @@ from polar_vit_hf.modeling.runtime import set_runtime_options
 
 set_runtime_options(cpu_kernels=True, kernel_min_elements=0)
 torch.manual_seed(0)
-config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10, num_hidden_layers=1, drop_path_rate=0.0)
+config = P.PolarViTConfig.from_preset(
+    "tiny-cifar", num_labels=10, num_hidden_layers=1, drop_path_rate=0.0, arithmetic=sys.argv[1]
+)
 model = P.PolarViTForImageClassification(config).train()
 start = time.perf_counter()
 loss = model(pixel_values=torch.randn(2, 3, 32, 32), labels=torch.tensor([1, 7])).loss
@@ -252,14 +268,16 @@ print(json.dumps({
 """
 
 
-def train_one_step(cache) -> dict:
+def train_one_step(cache, arithmetic: str = "polar") -> dict:
     import json
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "POLAR_VIT_KERNEL_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", TRAIN_ONE_STEP], capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-c", TRAIN_ONE_STEP, arithmetic], capture_output=True, text=True, env=env, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -277,6 +295,15 @@ def test_compiled_kernels_persist_across_processes_and_a_corrupt_file_is_compile
     third = train_one_step(tmp_path)
     assert third["compiles"] == 1 and third["grads"] == first["grads"]
     assert len(list(tmp_path.rglob("*.bin"))) == len(saved) and not saved[0].exists()
+
+
+def test_the_ambient_twins_kernels_persist_across_processes(tmp_path):
+    """Every kernel of the ambient twin's fused layers compiles ahead of time (the position encoding's only after
+    the restart that ``torch.compile`` does itself) and a new process loads them all."""
+    first = train_one_step(tmp_path, "ambient")
+    assert first["kernels"] >= 5 and first["jit"] == 0
+    second = train_one_step(tmp_path, "ambient")
+    assert second["compiles"] == 0 and second["jit"] == 0 and second["grads"] == first["grads"]
 
 
 def test_a_kernel_compiles_one_variant_per_kind_of_arguments(kernels_on, tmp_path, monkeypatch):

@@ -18,13 +18,20 @@ from torch.autograd import gradcheck
 
 import polar_vit_hf as P
 from polar_vit_hf.modeling import fused_layers
-from polar_vit_hf.modeling.fused_attention import fused_polar_attention
+from polar_vit_hf.modeling.fused_attention import fused_ambient_attention, fused_polar_attention
 from polar_vit_hf.modeling.fused_gyro_norm import fused_gyro_layer_norm
 from polar_vit_hf.modeling.fused_layers import fused_boost_residual, fused_polar_fc, fused_reserved_axes_encoding
-from polar_vit_hf.modeling.manifold_ops import FusedPolarOps, PolarOps
+from polar_vit_hf.modeling.manifold_ops import AmbientOps, FusedAmbientOps, FusedPolarOps, PolarOps
 from polar_vit_hf.modeling.modeling_polar_vit import RELATIVE_POSITION_CLASSES, BoostResidual, GyroLayerNorm, PolarFC
 from polar_vit_hf.modeling.runtime import use_runtime_options
-from polar_vit_hf.modeling.stable_math import asinh_exp, asinh_sqrt_half, cosh_minus_one, sinh_cosh
+from polar_vit_hf.modeling.stable_math import (
+    asinh_exp,
+    asinh_sqrt_half,
+    cosh_minus_one,
+    kernel_acosh,
+    kernel_log1p,
+    sinh_cosh,
+)
 
 F64 = torch.float64
 RADII = (0.0, 0.5, 4.0, 8.0, 12.0)
@@ -319,6 +326,97 @@ def test_fused_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_p
     assert gradcheck(
         lambda x, f, alpha: fused_boost_residual(x, f, alpha, strength, math.sqrt(k)), [shifted, f, residual.alpha]
     )
+
+
+# --------------------------------------------------------------------------------------------
+# the ambient twin's fused layers
+# --------------------------------------------------------------------------------------------
+def _ambient_points(case: str, rmax: float, batch=2, heads=3, n_q=6, n_k=7, dim=4, seed=0):
+    """Ambient queries, keys and values ``(B, H, N, d+1)`` in float64 from stored polar inputs (:func:`make_inputs`),
+    ``scale (H,)``."""
+    rq, uq, rk, uk, rv, uv, scale = (
+        t.double() for t in make_inputs(batch, heads, n_q, n_k, dim, rmax=rmax, seed=seed, case=case)
+    )
+    return (*(P.geometry.to_ambient(r, u) for r, u in ((rq, uq), (rk, uk), (rv, uv))), scale)
+
+
+@pytest.mark.parametrize("case", ["generic", "aligned", "identical", "dominant"])
+@pytest.mark.parametrize("rmax", RADII)
+def test_fused_ambient_attention_matches_the_reference_and_gradcheck(case, rmax):
+    """:class:`FusedAmbientAttention` against autograd through :meth:`AmbientOps.attention` in float64 (queries at
+    the origin, identical keys, one-hot softmax), and gradcheck.  The two evaluation orders agree to the ambient
+    formulas' own float64 conditioning, ``eps cosh^2 a`` (Proposition 1: ``-<x, y>_L`` cancels terms of size
+    ``cosh^2 a``), with a margin of 64."""
+    q, k, v, scale = _ambient_points(case, rmax)
+    k[0, 0, 1] = q[0, 0, 1]  # a key exactly on a query: the floored arcosh argument
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, scale)]
+    want = AmbientOps(1.3).attention(*leaves, "eager", False)[0]
+    got = FusedAmbientOps(1.3).attention(*leaves, "eager", False)[0]
+    rtol = max(1e-12, 64 * torch.finfo(F64).eps * math.cosh(rmax / math.sqrt(1.3)) ** 2)
+    assert ((got - want).abs() <= rtol * want.abs().max()).all()
+    weights = torch.randn(want.shape, generator=torch.Generator().manual_seed(5), dtype=F64)
+    grads = torch.autograd.grad((got * weights).sum(), leaves)
+    grads_ref = torch.autograd.grad((want * weights).sum(), leaves)
+    overall = max(float(g.abs().max()) for g in grads_ref)  # for inputs whose exact gradient is 0
+    for g_got, g_want in zip(grads, grads_ref):
+        assert (g_got - g_want).abs().max() <= 100 * rtol * max(float(g_want.abs().max()), 1e-6 * overall)
+    small = [
+        t.detach().clone().requires_grad_(True) for t in _ambient_points(case, min(rmax, 4.0), 1, 2, 3, 4, 3, seed=1)
+    ]
+    assert gradcheck(lambda *a: fused_ambient_attention(*a, 1.3), small)
+
+
+def test_fused_ambient_attention_groups_and_saves_nothing_quadratic():
+    q, k, v, scale = (
+        t.requires_grad_(True) for t in _ambient_points("generic", 4.0, batch=3, heads=2, n_q=12, n_k=12)
+    )
+    one = fused_ambient_attention(q, k, v, scale)
+    g_one = torch.autograd.grad(one.sum(), (q, k, v, scale))
+    sizes = []
+    with (
+        use_runtime_options(attention_group_elements=2 * 2 * 12 * 12),
+        torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t),
+    ):
+        two = fused_ambient_attention(q, k, v, scale)
+    g_two = torch.autograd.grad(two.sum(), (q, k, v, scale))
+    assert max(sizes) < 12 * 12 * 6 and torch.equal(one, two)
+    assert all(torch.allclose(a, b, rtol=1e-13, atol=1e-15) for a, b in zip(g_one, g_two))
+
+
+def test_kernel_forms_are_within_their_ulp_bounds_and_eager_is_torch(monkeypatch):
+    """``kernel_log1p`` / ``kernel_acosh`` (the forms inside compiled kernels, evaluated eagerly here with the
+    compiling flag forced) against mpmath at float32, and exactly torch's functions eager."""
+    x = torch.cat([torch.zeros(1), torch.logspace(-30, 1.9, 300), torch.rand(300) * 10, torch.tensor([88.0, 1e30])])
+    assert torch.equal(kernel_log1p(x), torch.log1p(x)) and torch.equal(kernel_acosh(1.0 + x), torch.acosh(1.0 + x))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    ulp = 2.0**-23
+    for fn, exact, arg, bound in ((kernel_log1p, mpmath.log1p, x, 1.4), (kernel_acosh, mpmath.acosh, 1.0 + x, 2.0)):
+        got = fn(arg).double()
+        want = torch.tensor([float(exact(mpmath.mpf(float(t)))) for t in arg], dtype=F64)
+        assert torch.isfinite(got).all() and got[0] == 0.0  # exact at 0 (arcosh at 1)
+        rel = ((got - want).abs() / want.abs().clamp_min(1e-300))[want != 0]
+        assert rel.max() <= bound * ulp, (fn.__name__, float(rel.max() / ulp))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(), dict(relative_position="boost"), dict(relative_position="rotation"), dict(drop_path_rate=0.3)],
+    ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default",
+)
+def test_fused_and_reference_ambient_models_agree_in_float64(overrides):
+    torch.manual_seed(0)
+    config = P.PolarViTConfig.from_preset("demo", arithmetic="ambient", **overrides)
+    model = P.PolarViTForImageClassification(config).double().train()
+    x, y = torch.randn(3, 3, 32, 32, dtype=F64), torch.tensor([1, 7, 3])
+    torch.manual_seed(1)
+    fused_logits, fused_grads = _logits_and_grads(model, x, y)
+    model.config.fused_ops = False
+    torch.manual_seed(1)
+    ref_logits, ref_grads = _logits_and_grads(model, x, y)
+    assert torch.allclose(fused_logits, ref_logits, rtol=1e-10, atol=1e-12)
+    assert fused_grads.keys() == ref_grads.keys()
+    for name, want in ref_grads.items():
+        assert (fused_grads[name] - want).abs().max() <= 1e-10 * float(want.abs().max()) + 1e-300, name
 
 
 # --------------------------------------------------------------------------------------------
