@@ -2,7 +2,7 @@
 
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile] [--device cuda]
           [--models euclidean ambient ambient-reference polar-reference polar polar-chunked] [--interleave]
-          [--autocast bf16]
+          [--autocast bf16] [--inference]
           [--models ... hypercore hexformer --hypercore DIR --hexformer DIR]
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic (fused layers, ``FusedAmbientOps``; with
@@ -22,8 +22,9 @@ per-round ratios, robust to the machine's speed drifting during the run).  The
 Euclidean model is
 transformers' ``ViTForImageClassification`` with the same depth, width, MLP width, heads and patch
 size.  ``--autocast bf16`` runs every model's step under ``torch.autocast`` (Polar-ViT: the mixed-precision policy,
-Polar-FC products in bf16; the ViT: every linear layer in bf16).  Writes ``step_time.csv`` and
-``step_time.png`` to ``--out``.
+Polar-FC products in bf16; the ViT: every linear layer in bf16).  ``--inference`` times eval-mode forward passes
+under ``torch.no_grad`` (how pipelines and ``Trainer.evaluate`` run a model) instead of training steps.  Writes
+``step_time.csv`` and ``step_time.png`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def worker(args: argparse.Namespace) -> None:
         if args.model == "polar-eager":
             set_cpu_kernels(False)
     device = torch.device(args.device)
-    model.to(device).train()
+    model.to(device).train(not args.inference)
     pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)
     labels = torch.randint(0, 100, (args.batch,), device=device)
     step_fn = torch.compile(model) if args.compile else model
@@ -99,6 +100,11 @@ def worker(args: argparse.Namespace) -> None:
 
     def step() -> None:
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            if args.inference:  # how pipelines and Trainer's evaluation run a model
+                with torch.no_grad():
+                    step_fn(pixel_values=pixels)
+                sync()
+                return
             loss = step_fn(pixel_values=pixels, labels=labels).loss
         loss.backward()
         model.zero_grad(set_to_none=True)
@@ -108,7 +114,7 @@ def worker(args: argparse.Namespace) -> None:
     with peak_memory_growth(device) as growth:  # the first (cold) step: every buffer is allocated once
         step()
     first_step_s = time.perf_counter() - compile_start
-    saved = saved_bytes(model, lambda: step_fn(pixel_values=pixels, labels=labels).loss)
+    saved = 0 if args.inference else saved_bytes(model, lambda: step_fn(pixel_values=pixels, labels=labels).loss)
     for _ in range(args.warmup - 1):
         step()
     if args.serve:  # interleaved: per line read from stdin, --round_warmup untimed steps and one timed, until EOF
@@ -195,6 +201,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (long compile on CPU)")
     parser.add_argument(
+        "--inference", action="store_true", help="time eval-mode forward passes under torch.no_grad instead"
+    )
+    parser.add_argument(
         "--device",
         default="cpu",
         choices=("cpu", "cuda"),
@@ -271,6 +280,7 @@ def worker_command(args: argparse.Namespace, name: str) -> list[str]:
     line += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     line += ["--device", args.device, "--round_warmup", str(args.round_warmup), "--autocast", args.autocast]
     line += [f"--{peer}={getattr(args, peer)}" for peer in ("hypercore", "hexformer") if getattr(args, peer)]
+    line += ["--inference"] if args.inference else []
     return line + (["--compile"] if args.compile else []) + (["--serve"] if args.interleave else [])
 
 
@@ -308,7 +318,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
     """Print the table: time, peak memory and saved bytes, each with its ratio to the ViT."""
     where = f"{args.threads} CPU threads" if args.device == "cpu" else "CUDA"
     print(
-        f"\n{args.preset}, batch {args.batch}, forward + backward, {where}, "
+        f"\n{args.preset}, batch {args.batch}, "
+        f"{'inference (eval, no_grad)' if args.inference else 'forward + backward'}, {where}, "
         f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}"
         + ("" if args.autocast == "none" else f", under torch.autocast({args.autocast})")
     )
@@ -319,7 +330,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
     euclid = results.get("euclidean")
     ratio = lambda name, key: (  # noqa: E731
         f"{'-':>7}"
-        if not euclid
+        if not euclid or not euclid[key]
         else f"{time_ratio(results, name, 'euclidean', args.interleave):>6.2f}x"
         if key == "median_s"
         else f"{results[name][key] / euclid[key]:>6.2f}x"
@@ -403,7 +414,7 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
         for n in names
     ]
     for ax, key, scale, label in (
-        (axes[0], "median_s", 1e3, "ms / step (fwd + bwd)"),
+        (axes[0], "median_s", 1e3, "ms / forward (no_grad)" if args.inference else "ms / step (fwd + bwd)"),
         (axes[1], "peak_growth_mib", 1.0, "peak RSS growth (MiB)"),
         (axes[2], "saved_mib", 1.0, "saved for backward (MiB)"),
     ):

@@ -1,11 +1,13 @@
 """Compiled CPU kernels for the fused layers, the recomputed function, and saving typed records for backward.
 
-When training in float32 on the CPU, a fused layer can run its pure-tensor core (a function of tensors that
-returns tensors) through :func:`kernel`: ``torch.compile(dynamic=True, fullgraph=True)`` turns its chain of
-elementwise passes into a few fused C++ loops.  :func:`use_kernels` decides per call from the
-:class:`runtime.RuntimeOptions` (the ``cpu_kernels`` switch and the ``kernel_min_elements`` size) and the
-tensors; inference, float64, GPUs, small tensors and code already inside ``torch.compile`` run the same
-function eagerly.  A compiler failure (no C++ compiler) warns once and runs eager for the rest of the process.
+In float32 on the CPU, a fused layer can run its pure-tensor core (a function of tensors that returns tensors)
+through :func:`kernel`: ``torch.compile(dynamic=True, fullgraph=True)`` turns its chain of elementwise passes into
+a few fused C++ loops.  :func:`use_kernels` decides per call from the :class:`runtime.RuntimeOptions` (the
+``cpu_kernels`` switch and the ``kernel_min_elements`` size) and the tensors; float64, GPUs and code already
+inside ``torch.compile`` run the same function eagerly, and so do small tensors.
+Training and inference (``eval`` under ``no_grad``) call the same kernels: a kernel runs on detached arguments
+inside an autograd Function's forward or backward, so one compiled variant serves both.  A compiler failure (no
+C++ compiler) warns once and runs eager for the rest of the process.
 Compiled kernels are kept on disk (:class:`PersistentKernel`, :func:`kernel_cache_dir`): compiled once per
 machine, torch and source, loaded in milliseconds by every later process.
 
@@ -49,10 +51,11 @@ __all__ = [
     "record_layout",
     "record_leaves",
     "recompute_vjp",
+    "recomputed_gradients",
     "run_maybe_compiled",
     "saved_tensor_hooks_active",
     "set_cpu_kernels",
-    "training",
+    "sum_dims",
     "transforms_active",
     "use_kernels",
 ]
@@ -107,16 +110,15 @@ def first_order(backward: Callable) -> Callable:
     return wrapper
 
 
-def use_kernels(like: Tensor, training: bool, elements: int | None = None) -> bool:
-    """Compiled kernels for a call: training (backward will run), float32 on the CPU, at least
-    ``kernel_min_elements`` elements in the call's largest tensors (``like``, or ``elements`` where those are
-    temporaries, as the attention's pairs), not inside ``torch.compile``, and no saved-tensor hooks in force
-    (their packing runs in Python, between eager operations)."""
+def use_kernels(like: Tensor, elements: int | None = None) -> bool:
+    """Compiled kernels for a call: float32 on the CPU, at least ``kernel_min_elements`` elements in the call's
+    largest tensors (``like``, or ``elements`` where those are temporaries, as the attention's pairs), not inside
+    ``torch.compile``, and no saved-tensor hooks in force (their packing runs in Python, between eager
+    operations)."""
     options = runtime_options()
     size = like.numel() if elements is None else elements
     return (
         options.cpu_kernels
-        and training
         and like.device.type == "cpu"
         and like.dtype == torch.float32
         and size >= options.kernel_min_elements
@@ -128,15 +130,17 @@ def use_kernels(like: Tensor, training: bool, elements: int | None = None) -> bo
 def kernel(fn: Callable) -> Callable:
     """``fn`` compiled by inductor with dynamic shapes, or ``fn`` itself if compiling fails: a warning, then eager.
 
-    The compiled variants persist across processes (:class:`PersistentKernel`): a new process loads them from
-    :func:`kernel_cache_dir` instead of tracing ``fn`` again."""
+    ``fn`` runs on detached arguments (records of tensors included): a kernel is called where autograd records
+    nothing (an autograd Function's forward or backward), and its guards then see the same arguments in training
+    and in inference.  The compiled variants persist across processes (:class:`PersistentKernel`): a new process
+    loads them from :func:`kernel_cache_dir` instead of tracing ``fn`` again."""
     if fn not in _COMPILED:
         _COMPILED[fn] = PersistentKernel(fn)
 
     def run(*args: Any) -> Any:
         if _COMPILED[fn] is not fn:
             try:
-                return _COMPILED[fn](*args)
+                return _COMPILED[fn](*_detached(args))
             except Exception as error:  # noqa: BLE001 - a compiler failure falls back to the same formulas
                 warnings.warn(
                     f"polar_vit_hf: compiled CPU kernels unavailable ({type(error).__name__}: "
@@ -147,6 +151,27 @@ def kernel(fn: Callable) -> Callable:
         return fn(*args)
 
     return run
+
+
+def _detached(value: Any) -> Any:
+    """``value`` with every tensor detached, inside (named) tuples too."""
+    if isinstance(value, Tensor):
+        return value.detach()
+    if isinstance(value, tuple):
+        items = [_detached(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
+def sum_dims(x: Tensor, keep: int = 0) -> Tensor:
+    """``x`` summed over all but its last ``keep`` dimensions, one dimension at a time (the batch's last).
+
+    Inductor picks its float32 summation scheme by the size of each reduction and guards that choice (``size <=
+    4096`` or not): over one dimension at a time, a kernel's guards bound the batch and the tokens separately, not
+    their product, so a kernel compiled at one batch size serves the others."""
+    while x.dim() > keep:
+        x = x.sum(x.dim() - keep - 1)
+    return x
 
 
 def kernel_cache_dir() -> Path | None:
@@ -165,10 +190,10 @@ class PersistentKernel:
     are ``None``, shape relations).
 
     A call runs the first variant whose guards accept the arguments; if none does, it compiles a new one from
-    the arguments (``dynamic=True``: any sizes of the same kind) and saves it.  The first call in a process
-    loads the saved variants of the same function, the same source code of this package and the same torch:
-    no tracing, no compile.  Where a function cannot be compiled ahead of time (or the cache is off) it runs
-    through ``torch.compile`` as usual (inductor's own caches then apply).
+    the arguments (``dynamic=True``: any sizes of the same kind) and saves it.  The first call in a process loads
+    the saved variants of the same function, the same source code of this package and the same torch: no tracing,
+    no compile.  Where a function cannot be compiled ahead of time (or the cache is off) it runs through
+    ``torch.compile`` as usual (inductor's own caches then apply).
     """
 
     def __init__(self, fn: Callable) -> None:
@@ -303,14 +328,9 @@ def clear_compiled() -> None:
     _COMPILED.clear()
 
 
-def training(*inputs: Tensor | None) -> bool:
-    """Whether autograd records a call on ``inputs`` (backward may follow), decided outside the Function."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
-
-
-def run_maybe_compiled(fn: Callable, is_training: bool, like: Tensor, *args: Any, elements: int | None = None) -> Any:
+def run_maybe_compiled(fn: Callable, like: Tensor, *args: Any, elements: int | None = None) -> Any:
     """``fn(*args)``, through :func:`kernel` where :func:`use_kernels` says so."""
-    return kernel(fn)(*args) if use_kernels(like, is_training, elements) else fn(*args)
+    return kernel(fn)(*args) if use_kernels(like, elements) else fn(*args)
 
 
 def recompute_vjp(fn: Callable, primals: tuple[Tensor, ...], cotangents: Any) -> tuple[Any, tuple]:
@@ -338,21 +358,25 @@ def recompute_vjp(fn: Callable, primals: tuple[Tensor, ...], cotangents: Any) ->
 class RecomputedFunction(torch.autograd.Function):
     """``fn(*tensors, *constants)``, a pure function of its tensors with one output, saving only its inputs:
     forward runs it, backward recomputes it and differentiates it (:func:`recompute_vjp`); each a compiled kernel
-    when training in float32 on the CPU (:func:`use_kernels`), so neither keeps an autograd graph of its
-    intermediates."""
+    in float32 on the CPU (:func:`use_kernels`), so neither keeps an autograd graph of its intermediates."""
 
     @staticmethod
-    def forward(ctx: Any, fn: Callable, constants: tuple, is_training: bool, *tensors: Tensor) -> Tensor:  # noqa: D102
+    def forward(ctx: Any, fn: Callable, constants: tuple, *tensors: Tensor) -> Tensor:  # noqa: D102
         ctx.fn, ctx.constants = fn, constants
         ctx.save_for_backward(*tensors)
-        return run_maybe_compiled(bound(fn, constants), is_training, tensors[0], *tensors)
+        if use_kernels(tensors[0]):  # (the cached binding is not traced inside torch.compile)
+            return kernel(bound(fn, constants))(*tensors)
+        return fn(*tensors, *constants)
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        tensors = ctx.saved_tensors
-        gradients = run_maybe_compiled(_vjp(ctx.fn, ctx.constants), True, tensors[0], grad.contiguous(), *tensors)
-        return (None, None, None, *gradients)
+        tensors, fn, constants = ctx.saved_tensors, ctx.fn, ctx.constants
+        if use_kernels(tensors[0]):
+            gradients = kernel(_vjp(fn, constants))(grad.contiguous(), *tensors)
+        else:
+            gradients = recomputed_gradients(fn, constants, grad.contiguous(), tensors)
+        return (None, None, *gradients)
 
 
 @functools.cache
@@ -366,7 +390,13 @@ def bound(fn: Callable, constants: tuple) -> Callable:
 def _vjp(fn: Callable, constants: tuple) -> Callable:
     """``(grad, *tensors) -> gradients of fn(*tensors, *constants)`` by :func:`recompute_vjp` (one function object
     per pair: one compiled kernel)."""
-    return lambda grad, *tensors: recompute_vjp(lambda *primals: fn(*primals, *constants), tensors, grad)[1]
+    return lambda grad, *tensors: recomputed_gradients(fn, constants, grad, tensors)
+
+
+def recomputed_gradients(fn: Callable, constants: tuple, grad: Tensor, tensors: tuple[Tensor, ...]) -> tuple:
+    """The gradients of ``fn(*tensors, *constants)`` with respect to ``tensors`` for the cotangent ``grad``, by
+    :func:`recompute_vjp`."""
+    return recompute_vjp(lambda *primals: fn(*primals, *constants), tensors, grad)[1]
 
 
 def record_leaves(record: Any) -> list[Tensor | None]:
@@ -393,4 +423,4 @@ def rebuild_record(layout: Any, leaves: Any) -> Any:
 
 def recomputed(fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:
     """``fn(*tensors, *constants)`` through :class:`RecomputedFunction`."""
-    return RecomputedFunction.apply(fn, tuple(constants), training(*tensors), *tensors)
+    return RecomputedFunction.apply(fn, tuple(constants), *tensors)

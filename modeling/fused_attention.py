@@ -4,8 +4,8 @@ For sequences that fit one block (all of ViT-Tiny/Small), :class:`FusedPolarAtte
 of every ``(batch, head)`` slice without keeping anything of size ``N x M`` for backward: it saves the inputs,
 the output and per-row scalars, and its hand-derived backward recomputes the rest.  The samples are processed in
 groups whose ``(head, N, M)`` temporaries stay cache-sized (``attention_group_elements`` of the
-:class:`runtime.RuntimeOptions`), each group by one pure function: a compiled kernel when training in float32
-on the CPU (:mod:`cpu_kernels`).
+:class:`runtime.RuntimeOptions`), each group by one pure function: a compiled kernel in float32 on the CPU
+(:mod:`cpu_kernels`).
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
 """
@@ -25,7 +25,7 @@ from .ambient import (
     norm_floor,
     pairwise_minus_inner,
 )
-from .cpu_kernels import first_order, run_maybe_compiled, training
+from .cpu_kernels import first_order, run_maybe_compiled
 from .geometry import centroid_radius
 from .runtime import runtime_options
 from .stable_math import distance_slope, kernel_acosh, safe_normalize, sinh_cosh
@@ -242,7 +242,7 @@ def row_gradients(
 
 
 # --------------------------------------------------------------------------------------------
-# one group of slices, forward and backward (pure functions: compiled kernels when training)
+# one group of slices, forward and backward (pure functions: compiled kernels on the CPU)
 # --------------------------------------------------------------------------------------------
 def _attention_group_forward(rows: GroupRows) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Forward of :class:`FusedPolarAttention` on one group: ``(lse, sums, ||V||, u_hat, S)`` with ``sums = (T, E,
@@ -421,13 +421,12 @@ class FusedPolarAttention(torch.autograd.Function):
         uv: Tensor,  # noqa: D102
         scale: Tensor,
         k: float,
-        is_training: bool,
     ) -> tuple[Tensor, Tensor]:
         batch, heads, n_q, _ = uq.shape
         rows = AttentionRows(rq, uq, rk, uk, rv, uv, scale, k)
         pairs = batch * heads * n_q * uk.shape[2]
         parts = [
-            run_maybe_compiled(_attention_group_forward, is_training, uq, rows[group], elements=pairs)
+            run_maybe_compiled(_attention_group_forward, uq, rows[group], elements=pairs)
             for group in _batch_groups(batch, heads * n_q * uk.shape[2])
         ]
         lse, sums, v_norm, u_hat, big_s = (torch.cat(part) for part in zip(*parts))  # (B H, N, ...)
@@ -450,7 +449,6 @@ class FusedPolarAttention(torch.autograd.Function):
             parts.append(
                 run_maybe_compiled(
                     _attention_group_backward,
-                    True,
                     uq,
                     rows[group],
                     RowStatistics(*(value[slots] for value in saved)),
@@ -462,7 +460,7 @@ class FusedPolarAttention(torch.autograd.Function):
             )
         grads = [torch.cat(part) for part in zip(*parts)]
         shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
-        return (*shaped, grads[-1].view(batch, heads).sum(0), None, None)
+        return (*shaped, grads[-1].view(batch, heads).sum(0), None)
 
 
 def fused_polar_attention(
@@ -470,7 +468,7 @@ def fused_polar_attention(
 ) -> tuple[Tensor, Tensor]:
     """Polar attention (Eq. 9) in one fused function (:class:`FusedPolarAttention`); ``scale`` is an ``(H,)``
     tensor."""
-    return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k), training(rq, uq, rk, uk, rv, uv, scale))
+    return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -539,7 +537,7 @@ class FusedAmbientAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(  # noqa: D102
-        ctx: Any, q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float, is_training: bool
+        ctx: Any, q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float
     ) -> Tensor:
         batch, heads, n_q, _ = q.shape
         scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
@@ -548,7 +546,6 @@ class FusedAmbientAttention(torch.autograd.Function):
         parts = [
             run_maybe_compiled(
                 _ambient_group_forward,
-                is_training,
                 q,
                 *(take(t, group) for t in (q, keys, v, scales)),
                 k,
@@ -574,7 +571,6 @@ class FusedAmbientAttention(torch.autograd.Function):
             parts.append(
                 run_maybe_compiled(
                     _ambient_group_backward,
-                    True,
                     q,
                     *inputs,
                     lse[slots],
@@ -585,10 +581,10 @@ class FusedAmbientAttention(torch.autograd.Function):
                 )
             )
         g_q, g_keys, g_v, g_scale = (torch.cat(part) for part in zip(*parts))
-        return g_q.view_as(q), g_keys.view_as(keys), g_v.view_as(v), g_scale.view(batch, heads).sum(0), None, None
+        return g_q.view_as(q), g_keys.view_as(keys), g_v.view_as(v), g_scale.view(batch, heads).sum(0), None
 
 
 def fused_ambient_attention(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
     """Ambient attention (Eq. 9 in ambient coordinates) of ``(B, H, N, d+1)`` points in one fused function
     (:class:`FusedAmbientAttention`); ``scale`` is an ``(H,)`` tensor."""
-    return FusedAmbientAttention.apply(q, keys, v, scale, float(k), training(q, keys, v, scale))
+    return FusedAmbientAttention.apply(q, keys, v, scale, float(k))

@@ -6,7 +6,7 @@ Function with a hand-derived backward.
 point Eq. 20 (:func:`geometry.gyroadd_space`).  The forward keeps its input, its output and per-token /
 per-sample scalars (:class:`GyroNormScalars`); the backward rebuilds the token-wide intermediates
 (:class:`GyroNormWide`) from them in a few passes (:func:`rebuild_wide`) and differentiates by hand.  Forward and
-backward are each one compiled kernel when training in float32 on the CPU (:mod:`cpu_kernels`).
+backward are each one compiled kernel in float32 on the CPU (:mod:`cpu_kernels`).
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
 """
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .cpu_kernels import first_order, rebuild_record, record_layout, record_leaves, run_maybe_compiled, training
+from .cpu_kernels import first_order, rebuild_record, record_layout, record_leaves, run_maybe_compiled, sum_dims
 from .fused_attention import centroid_row_gradients
 from .geometry import centroid_radius
 from .stable_math import asinh_nonneg, asinh_sqrt_half, cosh_minus_one, distance_slope, safe_normalize, sinh_cosh
@@ -321,8 +321,8 @@ def gyro_norm_backward(
         g_coef = g_z @ big_x
         g_x_dot_u = g_coef * sinh_b / denom
         g_sinh_b = (g_z * u_y).sum(-1) + g_coef * x_dot_u / denom
-        g_denom = -(g_coef * x_dot_u * sinh_b).sum() / denom**2
-        g_big_x = (coef.unsqueeze(-1) * g_z + g_x_dot_u.unsqueeze(-1) * u_y).flatten(0, -2).sum(0)
+        g_denom = -sum_dims(g_coef * x_dot_u * sinh_b) / denom**2
+        g_big_x = sum_dims(coef.unsqueeze(-1) * g_z + g_x_dot_u.unsqueeze(-1) * u_y, keep=1)
         g_big_x = g_big_x + big_x * (g_denom / torch.sqrt(1.0 + st.x_sq))
         g_u_y = g_u_y + torch.addcmul(g_z * sinh_b.unsqueeze(-1), g_x_dot_u.unsqueeze(-1), big_x)
         g_b = g_b + g_sinh_b * cosh_b + g_coef * sinh_b
@@ -332,7 +332,7 @@ def gyro_norm_backward(
         u_bias = far_x / far_norm
         g_z = torch.where(near, 0.0, g_z2) if both else g_z2
         g_a_bias, g_u_bias, g_b_far, g_u_far = gyroadd_backward(g_z, u_bias, wide.far_parts)
-        g_a_bias = g_a_bias.sum()
+        g_a_bias = sum_dims(g_a_bias)
         g_far_x = (g_a_bias / torch.sqrt(1.0 + far_norm**2)) * u_bias + (
             g_u_bias - (g_u_bias @ u_bias) * u_bias
         ) / far_norm
@@ -343,7 +343,7 @@ def gyro_norm_backward(
     g_u_y = torch.as_tensor(g_u_y)
     g_r_y = g_b * st.factor.unsqueeze(-1) / sk
     g_factor = (g_b * st.r_y).sum(-1) / sk
-    g_log_gain = (g_factor * st.factor).sum()
+    g_log_gain = sum_dims(g_factor * st.factor)
     g_variance = -0.5 * g_factor * st.factor / (st.variance + eps)
     # centring
     g_z1 = polar_from_z_backward(g_r_y, g_u_y, u_y, st.norm1, sk)
@@ -419,9 +419,8 @@ class FusedGyroLayerNorm(torch.autograd.Function):
         bias: Tensor,
         k: float,
         eps: float,  # noqa: D102
-        is_training: bool,
     ) -> Tensor:
-        out, small = run_maybe_compiled(_saved_forward, is_training, p, p, log_gain, bias, k, eps)
+        out, small = run_maybe_compiled(_saved_forward, p, p, log_gain, bias, k, eps)
         ctx.layout = record_layout(small)
         ctx.save_for_backward(p, log_gain, bias, out, *record_leaves(small))
         ctx.k, ctx.eps = k, eps
@@ -433,11 +432,11 @@ class FusedGyroLayerNorm(torch.autograd.Function):
         p, log_gain, bias, out, *leaves = ctx.saved_tensors
         small = rebuild_record(ctx.layout, iter(leaves))
         g_p, g_log_gain, g_bias = run_maybe_compiled(
-            _gradients, True, p, grad.contiguous(), p, out, log_gain, bias, small, ctx.k, ctx.eps
+            _gradients, p, grad.contiguous(), p, out, log_gain, bias, small, ctx.k, ctx.eps
         )
-        return g_p, g_log_gain, g_bias, None, None, None
+        return g_p, g_log_gain, g_bias, None, None
 
 
 def fused_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
     """Gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedGyroLayerNorm`."""
-    return FusedGyroLayerNorm.apply(p, log_gain, bias, float(k), float(eps), training(p, log_gain, bias))
+    return FusedGyroLayerNorm.apply(p, log_gain, bias, float(k), float(eps))

@@ -4,7 +4,7 @@ HoPE boost; HOPE rotation) and the boost residual (Eq. 12), each an autograd Fun
 Each saves only its inputs, its output and per-token scalars, and recomputes the rest.  The formulas that the
 reference layers share with these (the Polar-FC epilogue :func:`polar_fc_epilogue`, the boost residual
 :func:`boost_residual_step`) have their one home here: the reference layers call the same functions and let
-autograd differentiate them.  Cores are compiled kernels when training in float32 on the CPU (:mod:`cpu_kernels`).
+autograd differentiate them.  Cores are compiled kernels in float32 on the CPU (:mod:`cpu_kernels`).
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
 """
@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .cpu_kernels import first_order, recompute_vjp, run_maybe_compiled, training
+from .cpu_kernels import first_order, recompute_vjp, run_maybe_compiled, sum_dims
 from .stable_math import (
     asinh_exp,
     asinh_nonneg,
@@ -159,7 +159,6 @@ class FusedPolarFC(torch.autograd.Function):
         heads: int,
         activation: Callable | None,
         matmul_dtype: torch.dtype | None,
-        is_training: bool,
     ) -> Tensor:
         x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
         pre = policy_matmul(x, _padded_weight(weight).t(), matmul_dtype).view(p.shape[0], heads, -1)  # (T, H, d)
@@ -175,7 +174,7 @@ class FusedPolarFC(torch.autograd.Function):
                 a, torch.tanh(a).unsqueeze(-1) * (p[:, 1:] @ klein_weight.t()), radius_weight, radius_bias
             )
         if activation is None or gelu:
-            out, norm = run_maybe_compiled(polar_fc_epilogue, is_training, pre, pre, offset, norm_power, sqrt_k, gelu)
+            out, norm = run_maybe_compiled(polar_fc_epilogue, pre, pre, offset, norm_power, sqrt_k, gelu)
         else:  # any other activation: applied eagerly, the epilogue without one
             out, norm = polar_fc_epilogue(activation(pre), offset, norm_power, sqrt_k, False)
         ctx.save_for_backward(
@@ -194,7 +193,7 @@ class FusedPolarFC(torch.autograd.Function):
         x, a, sinh_a, cosh_a = _unit_coords(r, u, sqrt_k)
         if pre is None or is_gelu(ctx.activation):
             g_pre, g_l = run_maybe_compiled(
-                _polar_fc_epilogue_backward, True, out, grad_out, out, norm, norm_power, pre, sqrt_k
+                _polar_fc_epilogue_backward, out, grad_out, out, norm, norm_power, pre, sqrt_k
             )
         else:
             g_h, g_l = _polar_fc_epilogue_backward(grad_out, out, norm, norm_power, None, sqrt_k)
@@ -223,7 +222,7 @@ class FusedPolarFC(torch.autograd.Function):
             )
         g_p = g_x  # [g_a / sqrt(k), g_u] written over g_x (g_u is g_x[:, 1:] scaled in place)
         g_p[:, 0] = g_a / sqrt_k
-        return (g_p, g_weight, *grads_rule, None, None, None, None, None)
+        return (g_p, g_weight, *grads_rule, None, None, None, None)
 
 
 def fused_polar_fc(
@@ -247,7 +246,6 @@ def fused_polar_fc(
         int(heads),
         activation,
         matmul_dtype,
-        training(p, weight, *parameters),
     )
     return out.view(*p.shape[:-1], heads, -1)
 
@@ -341,8 +339,7 @@ def _reserved_axes_scalar_gradients(
 ) -> tuple:
     """``(scale, gradients)``: the ``scale`` output of :func:`_reserved_axes_scalars` and its gradients with respect
     to ``(r, u4, rest_sq, t_rows, t_cols)`` for the incoming ``grads`` of its three outputs; the forward recomputed
-    and differentiated (:func:`cpu_kernels.recompute_vjp`; one compiled kernel when training in float32 on the
-    CPU)."""
+    and differentiated (:func:`cpu_kernels.recompute_vjp`; one compiled kernel in float32 on the CPU)."""
 
     def scalars(*args: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return _reserved_axes_scalars(kind, args[0], args[1], args[2], args[3], args[4], sqrt_k)
@@ -372,13 +369,10 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
         t_cols: Tensor,
         kind: str,
         sqrt_k: float,  # noqa: D102
-        is_training: bool,
     ) -> Tensor:
         u_rest = p[..., 5:]
         scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
-        r_out, u4, scale = run_maybe_compiled(
-            _reserved_axes_scalars, is_training, p, kind, *scalars, t_rows, t_cols, sqrt_k
-        )
+        r_out, u4, scale = run_maybe_compiled(_reserved_axes_scalars, p, kind, *scalars, t_rows, t_cols, sqrt_k)
         ctx.save_for_backward(p, t_rows, t_cols)
         ctx.kind, ctx.sqrt_k = kind, sqrt_k
         return torch.cat([r_out.unsqueeze(-1), u4.movedim(0, -1), u_rest * scale.unsqueeze(-1)], dim=-1)
@@ -391,7 +385,7 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
         scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
         outputs = (grad[..., 0].contiguous(), grad[..., 1:5].movedim(-1, 0).contiguous(), (g_rest * u_rest).sum(-1))
         scale, (g_r, g_u4, g_rest_sq, g_t_rows, g_t_cols) = run_maybe_compiled(
-            _reserved_axes_scalar_gradients, True, p, ctx.kind, *scalars, t_rows, t_cols, ctx.sqrt_k, outputs
+            _reserved_axes_scalar_gradients, p, ctx.kind, *scalars, t_rows, t_cols, ctx.sqrt_k, outputs
         )
         g_p = torch.cat(
             [
@@ -401,12 +395,12 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
             ],
             dim=-1,
         )
-        return g_p, g_t_rows, g_t_cols, None, None, None
+        return g_p, g_t_rows, g_t_cols, None, None
 
 
 def fused_reserved_axes_encoding(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float) -> Tensor:
     """Relative position encoding of ``p (B, N, H, d+1)`` with per-token, per-head moves ``t (N, H)``."""
-    return FusedReservedAxesEncoding.apply(p, t_rows, t_cols, kind, float(sqrt_k), training(p, t_rows, t_cols))
+    return FusedReservedAxesEncoding.apply(p, t_rows, t_cols, kind, float(sqrt_k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -534,7 +528,7 @@ def _boost_residual_backward(
     b_par = st.b_par
     g_a = g_a + g_a_new
     g_b_par = alpha * (g_a_new - g_a_new.mean(-1, keepdim=True))
-    g_alpha = (g_a_new * (b_par - b_par.mean(-1, keepdim=True))).sum() + (g_step * b).sum()
+    g_alpha = sum_dims(g_a_new * (b_par - b_par.mean(-1, keepdim=True))) + sum_dims(g_step * b)
     g_b = g_b_par * st.cos + g_step * alpha
     g_cos = g_b_par * b
     # v_perp = d + s h u, h = |d|^2 / 2, d = v - s u
@@ -575,9 +569,8 @@ class FusedBoostResidual(torch.autograd.Function):
         alpha: Tensor,
         strength: Tensor | None,
         sqrt_k: float,  # noqa: D102
-        is_training: bool,
     ) -> Tensor:
-        out = run_maybe_compiled(_boost_residual_forward, is_training, x, x, f, alpha, strength, sqrt_k)
+        out = run_maybe_compiled(_boost_residual_forward, x, x, f, alpha, strength, sqrt_k)
         ctx.save_for_backward(x, f, alpha, strength)
         ctx.sqrt_k = sqrt_k
         return out
@@ -586,13 +579,11 @@ class FusedBoostResidual(torch.autograd.Function):
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         x, f, alpha, strength = ctx.saved_tensors
-        g_x, g_f, g_alpha = run_maybe_compiled(
-            _boost_residual_gradients, True, x, grad, x, f, alpha, strength, ctx.sqrt_k
-        )
-        return g_x, g_f, g_alpha, None, None, None
+        g_x, g_f, g_alpha = run_maybe_compiled(_boost_residual_gradients, x, grad, x, f, alpha, strength, ctx.sqrt_k)
+        return g_x, g_f, g_alpha, None, None
 
 
 def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
     """Boost residual (Eq. 12) of ``x, f (B, N, n+1)`` (:class:`FusedBoostResidual`); ``strength (B, 1)`` or
     ``None``."""
-    return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k), training(x, f, alpha))
+    return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k))

@@ -8,8 +8,8 @@ layer-level operations (:meth:`~ManifoldOps.polar_fc`, :meth:`~ManifoldOps.gyro_
 * :class:`PolarOps` - polar points ``[r, u]``, the reference: the small functions of :mod:`geometry`
   differentiated by autograd;
 * :class:`FusedPolarOps` - polar points, the same formulas as autograd Functions with hand-derived backward
-  passes (:mod:`fused_attention`, :mod:`fused_gyro_norm`, :mod:`fused_layers`), compiled CPU kernels when
-  training (:mod:`cpu_kernels`);
+  passes (:mod:`fused_attention`, :mod:`fused_gyro_norm`, :mod:`fused_layers`), compiled CPU kernels
+  (:mod:`cpu_kernels`);
 * :class:`AmbientOps` - ambient coordinates ``[x_0, x_s]``, the textbook Lorentz formulas of :mod:`ambient`
   (the paper's baseline), differentiated by autograd;
 * :class:`FusedAmbientOps` - ambient coordinates, the same formulas without an autograd graph of their
@@ -397,7 +397,7 @@ class PolarOps(_PolarPoints):
 
 class FusedPolarOps(_PolarPoints):
     """Polar points, the fused layers: the same formulas as autograd Functions with hand-derived backward passes
-    that save only inputs, outputs and per-token scalars (compiled CPU kernels when training)."""
+    that save only inputs, outputs and per-token scalars (compiled CPU kernels)."""
 
     auto_attention = "fused"
 
@@ -421,7 +421,7 @@ class FusedPolarOps(_PolarPoints):
         return fused_reserved_axes_encoding(p, t_rows, t_cols, kind, self.sqrt_k)
 
     def concat_heads(self, p: Tensor) -> Tensor:
-        """No autograd graph of its intermediates (a compiled kernel when training on the CPU)."""
+        """No autograd graph of its intermediates (a compiled kernel on the CPU)."""
         return recomputed(packed_direct_concat, p, constants=(self.k,))
 
 
@@ -517,8 +517,8 @@ class FusedAmbientOps(AmbientOps):
     """Ambient coordinates, the fused layers: the formulas of :class:`AmbientOps`, in the same order, without an
     autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention` (hand-derived
     backward); the gyro layer norm, the boost residual and the position encodings are recomputed functions
-    (:func:`cpu_kernels.recomputed`: backward recomputes and differentiates them); each a compiled kernel when
-    training on the CPU.  Polar-FC is the reference one (autograd): recomputed, it measured slower (inductor
+    (:func:`cpu_kernels.recomputed`: backward recomputes and differentiates them); each a compiled kernel on the
+    CPU.  Polar-FC is the reference one (autograd): recomputed, it measured slower (inductor
     evaluates the output point's per-token ``sinh`` / ``cosh`` once per coordinate)."""
 
     def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:

@@ -1,10 +1,10 @@
 """Compiled CPU kernels of the fused layers (``modeling/cpu_kernels.py``: :func:`kernel`, :func:`use_kernels`).
 
-Training in float32 on the CPU runs the attention core, the position encodings' scalar part, the gyro layer
-norm, the boost residual and the Polar-FC epilogues through inductor-compiled kernels; these tests turn them
-on (the rest of the suite runs with ``POLAR_VIT_CPU_KERNELS=0``) and check them against the same formulas run
-eagerly and against float64, on a whole model and per function, and that inference, float64 and compiler
-failures stay eager.
+In float32 on the CPU, training and inference run the attention core, the position encodings' scalar part, the
+gyro layer norm, the boost residual and the Polar-FC epilogues through inductor-compiled kernels; these tests turn
+them on (the rest of the suite runs with ``POLAR_VIT_CPU_KERNELS=0``) and check them against the same formulas run
+eagerly and against float64, on a whole model and per function, that inference reuses the kernels training
+compiled, and that small tensors, float64 and compiler failures stay eager.
 """
 
 from __future__ import annotations
@@ -36,17 +36,18 @@ def kernels_on():
         yield
 
 
-def test_small_tensors_and_inference_do_not_use_the_kernels():
+def test_small_tensors_and_float64_do_not_use_the_kernels():
     big = torch.zeros(runtime_options().kernel_min_elements)
     before = cpu_kernels.cpu_kernels_enabled()
     cpu_kernels.set_cpu_kernels(True)
     try:
-        assert cpu_kernels.use_kernels(big, training=True)
-        assert not cpu_kernels.use_kernels(big[:-1], training=True)  # too small to win a compile back
-        assert cpu_kernels.use_kernels(big[:8], training=True, elements=big.numel())  # counted by its pairs
-        assert not cpu_kernels.use_kernels(big[:8], training=True, elements=big.numel() - 1)
-        assert not cpu_kernels.use_kernels(big, training=False)
-        assert not cpu_kernels.use_kernels(big.double(), training=True)
+        assert cpu_kernels.use_kernels(big)
+        assert not cpu_kernels.use_kernels(big[:-1])  # too small to win a compile back
+        assert cpu_kernels.use_kernels(big[:8], elements=big.numel())  # counted by its pairs
+        assert not cpu_kernels.use_kernels(big[:8], elements=big.numel() - 1)
+        assert not cpu_kernels.use_kernels(big.double())
+        cpu_kernels.set_cpu_kernels(False)
+        assert not cpu_kernels.use_kernels(big)
     finally:
         cpu_kernels.set_cpu_kernels(before)
 
@@ -197,15 +198,24 @@ def test_recomputed_direct_concat_kernels_match_eager_and_float64(kernels_on, rm
     assert really_compiled(cpu_kernels._vjp(packed_direct_concat, (0.9,)))
 
 
-def test_training_step_with_kernels_matches_eager_and_inference_stays_eager(kernels_on):
+def compiles() -> int:
+    """Variants compiled so far in this process."""
+    kernels = cpu_kernels.compiled_functions().values()
+    return sum(k.compiles for k in kernels if isinstance(k, cpu_kernels.PersistentKernel))
+
+
+@pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
+def test_training_step_with_kernels_matches_eager_and_inference_reuses_its_kernels(kernels_on, arithmetic):
     torch.manual_seed(0)
-    config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10, num_hidden_layers=2, drop_path_rate=0.0)
+    config = P.PolarViTConfig.from_preset(
+        "tiny-cifar", num_labels=10, num_hidden_layers=2, drop_path_rate=0.0, arithmetic=arithmetic
+    )
     model = P.PolarViTForImageClassification(config).train()
-    pixels, labels = torch.randn(2, 3, 32, 32), torch.tensor([1, 7])
+    pixels, labels = torch.randn(72, 3, 32, 32), torch.arange(72) % 10
     results = []
     for on in (True, False):
         cpu_kernels.set_cpu_kernels(on)
-        loss = model(pixel_values=pixels, labels=labels).loss
+        loss = model(pixel_values=pixels[:2], labels=labels[:2]).loss
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
         model.zero_grad(set_to_none=True)
@@ -213,12 +223,31 @@ def test_training_step_with_kernels_matches_eager_and_inference_stays_eager(kern
     assert torch.allclose(loss_k, loss_e, rtol=1e-6)
     scale = max(float(g.abs().max()) for g in grads_e)
     assert max(float((a - b).abs().max()) for a, b in zip(grads_k, grads_e)) <= 1e-4 * scale
+    cpu_kernels.set_cpu_kernels(True)
+    trained = compiles()
+    # 72 x 64 tokens: reductions over more than 4096 (inductor's float32 summation chunk, a guarded choice) run the
+    # variants compiled at batch 2, as the batch's and the tokens' sums are separate reductions (``sum_dims``); the
+    # ambient twin's recomputed functions are differentiated by torch.func, whose parameter gradients sum over
+    # batch x tokens at once: they compile one more variant each, once per machine
+    model(pixel_values=pixels, labels=labels).loss.backward()
+    assert compiles() == trained or arithmetic == "ambient"
+    trained = compiles()
+    model.eval()
+    pixels = pixels[:2]
+    with torch.no_grad():  # how pipelines and Trainer evaluate: the kernels training compiled, nothing new
+        logits = model(pixel_values=pixels).logits
+    assert compiles() == trained
+    with torch.inference_mode():  # inference tensors: variants of their own, the same formulas
+        inference_logits = model(pixel_values=pixels).logits
+    cpu_kernels.set_cpu_kernels(False)
+    with torch.no_grad():
+        eager_logits = model(pixel_values=pixels).logits
+    assert torch.allclose(logits, eager_logits, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(inference_logits, eager_logits, rtol=1e-5, atol=1e-6)
     cpu_kernels.clear_compiled()
     cpu_kernels.set_cpu_kernels(True)
-    with torch.no_grad():
-        model.eval()(pixel_values=pixels)
-    model.double()(pixel_values=pixels.double(), labels=labels).loss.backward()
-    assert not cpu_kernels.compiled_functions()  # inference and float64 never compile
+    model.double()(pixel_values=pixels[:2].double(), labels=labels[:2]).loss.backward()
+    assert not cpu_kernels.compiled_functions()  # float64 never compiles
 
 
 def test_a_compiler_failure_warns_once_and_runs_eager(kernels_on, monkeypatch):

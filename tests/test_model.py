@@ -253,6 +253,22 @@ def test_torch_compile_matches_eager():
         assert torch.allclose(compiled(x).logits, model(x).logits, atol=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
+def test_torch_compile_trains_like_eager_without_warnings(arithmetic, recwarn):
+    """A compiled training step (the fused layers' autograd Functions and recomputed functions traced) gives
+    eager's gradients, and tracing them warns about nothing of this package (no cached function is traced)."""
+    model = small_model(num_hidden_layers=1, arithmetic=arithmetic, drop_path_rate=0.0).train()
+    x, labels = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    torch.compile(model, backend="aot_eager")(pixel_values=x, labels=labels).loss.backward()
+    compiled = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    model(pixel_values=x, labels=labels).loss.backward()
+    for got, want in zip(compiled, (p.grad for p in model.parameters())):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert not [w for w in recwarn if "polar_vit_hf" in str(w.filename) or "lru_cache" in str(w.message)]
+
+
 def test_manifold_parameters_are_named_plain_parameters():
     model = small_model(readout="cls")
     names = model.manifold_parameter_names()

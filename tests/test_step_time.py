@@ -52,6 +52,19 @@ def test_interleaved_step_time_reports_paired_ratios_memory_and_saved_bytes(tmp_
     assert (tmp_path / "step_time.png").stat().st_size > 0
 
 
+def test_inference_times_forward_passes_and_saves_nothing_for_backward(tmp_path, capsys):
+    from polar_vit_hf.benchmarks import step_time
+
+    argv = ["--models", "euclidean", "polar", "--batch", "2", "--repeats", "1", "--warmup", "1", "--threads", "1"]
+    assert step_time.main([*argv, "--inference", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "batch 2, inference (eval, no_grad)" in out
+    with open(tmp_path / "step_time.csv") as handle:
+        table = {row["model"]: row for row in csv.DictReader(handle)}
+    assert set(table) == {"euclidean", "polar"}
+    assert all(float(row["saved_mib"]) == 0 and float(row["median_s"]) > 0 for row in table.values())
+
+
 def test_the_step_profile_prints_operators_and_layer_kinds(tmp_path, capsys):
     from polar_vit_hf.benchmarks import profile_step
 
