@@ -9,9 +9,10 @@ Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic (fused laye
 the reference layers, ``ambient-reference``), Polar-ViT in polar arithmetic
 with the reference layers (``fused_ops=False``: geometry functions differentiated by autograd, eager
 attention), with the fused layers (``fused_ops=True``, the default: ``FusedPolarOps``, with its
-compiled CPU kernels), fused without the compiled kernels (``polar-eager``) and fused with the chunked
-attention core; with checkouts of the public Lorentz ViTs, HyperCore's ``LViT`` and HexFormer at the same
-shape (``benchmarks/peers.py``).
+compiled CPU kernels), fused without the compiled kernels (``polar-eager``), fused with the chunked
+attention core, and the default polar / ambient models under ``torch.compile(model)`` (``polar-compiled``,
+``ambient-compiled``: side by side with eager in one run; ``--compile`` compiles every model); with checkouts
+of the public Lorentz ViTs, HyperCore's ``LViT`` and HexFormer at the same shape (``benchmarks/peers.py``).
 
 Each model runs in its own subprocess (peak memory: the growth of the resident set, sampled in
 the background, over the first training step; saved bytes: the distinct non-parameter tensors
@@ -47,6 +48,8 @@ MODELS = (
     "polar",
     "polar-eager",
     "polar-chunked",
+    "polar-compiled",
+    "ambient-compiled",
     "hypercore",
     "hexformer",
 )
@@ -58,6 +61,8 @@ LABELS = {
     "polar": "Polar-ViT, polar, fused (default)",
     "polar-eager": "Polar-ViT, fused, no compiled kernels",
     "polar-chunked": "Polar-ViT, polar, fused + chunked attn",
+    "polar-compiled": "Polar-ViT, polar, torch.compile(model)",
+    "ambient-compiled": "Polar-ViT, ambient, torch.compile(model)",
     "hypercore": "HyperCore LViT (ambient Lorentz)",
     "hexformer": "HexFormer (Lorentz ViT)",
 }
@@ -74,26 +79,27 @@ def worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     config = P.PolarViTConfig.from_preset(args.preset, num_labels=100)
-    if args.model == "euclidean":
+    name = args.model.removesuffix("-compiled")
+    if name == "euclidean":
         model = euclidean_vit(config)
     elif args.model in ("hypercore", "hexformer"):
         from polar_vit_hf.benchmarks.peers import peer_classifier
 
         model = peer_classifier(args.model, Path(getattr(args, args.model)), config)
     else:
-        config.arithmetic = args.model.split("-")[0]
-        config.fused_ops = not args.model.endswith("-reference")
-        if args.model == "polar-chunked":
+        config.arithmetic = name.split("-")[0]
+        config.fused_ops = not name.endswith("-reference")
+        if name == "polar-chunked":
             config.polar_attn_implementation = "chunked"
         model = P.PolarViTForImageClassification(config)
         P.geometry.set_input_checks(False)  # training loops validate inputs once, not per operation
-        if args.model == "polar-eager":
+        if name == "polar-eager":
             set_cpu_kernels(False)
     device = torch.device(args.device)
     model.to(device).train(not args.inference)
     pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)
     labels = torch.randint(0, 100, (args.batch,), device=device)
-    step_fn = torch.compile(model) if args.compile else model
+    step_fn = torch.compile(model) if args.compile or args.model.endswith("-compiled") else model
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
@@ -404,15 +410,8 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = list(results)
-    colors = [
-        dict(
-            zip(
-                MODELS,
-                ["tab:gray", "tab:red", "tab:purple", "tab:blue", "tab:green", "tab:cyan", "tab:orange", "tab:brown"],
-            )
-        )[n]
-        for n in names
-    ]
+    palette = plt.get_cmap("tab20")
+    colors = [palette(MODELS.index(n) % palette.N) for n in names]
     for ax, key, scale, label in (
         (axes[0], "median_s", 1e3, "ms / forward (no_grad)" if args.inference else "ms / step (fwd + bwd)"),
         (axes[1], "peak_growth_mib", 1.0, "peak RSS growth (MiB)"),
@@ -421,9 +420,17 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
         ax.bar([labels[n] for n in names], [results[n][key] * scale for n in names], color=colors)
         ax.set_ylabel(label)
     for ax in axes:
-        ax.tick_params(axis="x", labelrotation=15, labelsize=8)
+        ax.tick_params(axis="x", labelrotation=25, labelsize=8)
+        plt.setp(ax.get_xticklabels(), ha="right", rotation_mode="anchor")
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"{args.preset}, batch {args.batch}, CPU ({'compiled' if args.compile else 'eager'})")
+    mode = (
+        "compiled"
+        if args.compile
+        else "eager"
+        if not any(n.endswith("-compiled") for n in names)
+        else "eager and compiled"
+    )
+    fig.suptitle(f"{args.preset}, batch {args.batch}, CPU ({mode})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -37,6 +37,7 @@ from .runtime import runtime_options, set_runtime_options
 
 __all__ = [
     "DOUBLE_BACKWARD_MESSAGE",
+    "OPAQUE_REASON",
     "RecomputedFunction",
     "bound",
     "clear_compiled",
@@ -46,6 +47,7 @@ __all__ = [
     "PersistentKernel",
     "kernel",
     "kernel_cache_dir",
+    "opaque_to_torch_compile",
     "rebuild_record",
     "recomputed",
     "record_layout",
@@ -64,6 +66,11 @@ DOUBLE_BACKWARD_MESSAGE = (
     "double backward (create_graph=True, then a backward through the gradient) is not supported by the fused "
     "layers, whose backward passes are hand-derived; build the model with fused_ops=False (the reference layers, "
     "differentiated by autograd to any order)"
+)
+
+OPAQUE_REASON = (
+    "a fused layer runs its compiled CPU kernels outside torch.compile's graph; POLAR_VIT_CPU_KERNELS=0 traces it "
+    "(one graph, fullgraph=True)"
 )
 
 _COMPILED: dict[Callable, Callable] = {}  # function -> its compiled kernel (or itself after a compiler failure)
@@ -125,6 +132,34 @@ def use_kernels(like: Tensor, elements: int | None = None) -> bool:
         and not torch.compiler.is_compiling()
         and not saved_tensor_hooks_active()
     )
+
+
+def opaque_to_torch_compile(entry: Callable) -> Callable:
+    """Decorator for a fused layer's entry point (its first argument a tensor): inside ``torch.compile(model)``, a
+    call on float32 CPU tensors runs outside the compiled graph (a graph break, as ``torch.compiler.disable``),
+    eagerly and through the layer's compiled CPU kernels; the compiler compiles the matrix products and the code
+    between the layers.  Traced through, the hand-derived backward passes would make inductor compile the whole
+    model's elementwise work at once (minutes per layer on the CPU).
+
+    Traced as any code (one graph, ``fullgraph=True``) on GPUs, in float64, under ``torch.export`` and where the
+    compiled graph's options turn the kernels off (``POLAR_VIT_CPU_KERNELS=0``, :func:`runtime.runtime_options`)."""
+    opaque = torch.compiler.disable(entry, reason=OPAQUE_REASON)
+
+    def call(like: Tensor, *args: Any, **kwargs: Any) -> Any:
+        if (
+            torch.compiler.is_compiling()
+            and not torch.compiler.is_exporting()
+            and runtime_options().cpu_kernels
+            and like.device.type == "cpu"
+            and like.dtype == torch.float32
+        ):
+            return opaque(like, *args, **kwargs)
+        return entry(like, *args, **kwargs)
+
+    # a code object of its own per layer: the graph break makes dynamo compile ``call`` as a frame of its own, once
+    # per kind of call, and it counts those compiles (``recompile_limit``) per code object
+    call.__code__ = call.__code__.replace(co_name=entry.__name__, co_qualname=entry.__qualname__)
+    return functools.wraps(entry)(call)
 
 
 def kernel(fn: Callable) -> Callable:
@@ -422,5 +457,10 @@ def rebuild_record(layout: Any, leaves: Any) -> Any:
 
 
 def recomputed(fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:
-    """``fn(*tensors, *constants)`` through :class:`RecomputedFunction`."""
-    return RecomputedFunction.apply(fn, tuple(constants), *tensors)
+    """``fn(*tensors, *constants)`` through :class:`RecomputedFunction` (:func:`opaque_to_torch_compile`)."""
+    return _recomputed(tensors[0], fn, *tensors[1:], constants=constants)
+
+
+@opaque_to_torch_compile
+def _recomputed(first: Tensor, fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:
+    return RecomputedFunction.apply(fn, tuple(constants), first, *tensors)

@@ -25,7 +25,7 @@ from .ambient import (
     norm_floor,
     pairwise_minus_inner,
 )
-from .cpu_kernels import first_order, run_maybe_compiled
+from .cpu_kernels import first_order, opaque_to_torch_compile, run_maybe_compiled
 from .geometry import centroid_radius
 from .runtime import runtime_options
 from .stable_math import distance_slope, kernel_acosh, safe_normalize, sinh_cosh
@@ -441,6 +441,9 @@ class FusedPolarAttention(torch.autograd.Function):
     def backward(ctx: Any, grad_r: Tensor, grad_u: Tensor) -> tuple:  # noqa: D102
         rq, uq, rk, uk, rv, uv, scale, *statistics = ctx.saved_tensors
         saved = RowStatistics(*statistics)
+        # (under torch.compile the cotangents arrive as views of one packed gradient; the kernels are guarded on
+        # strides, so contiguous ones serve eager and compiled models with the same variant)
+        grad_r, grad_u = grad_r.contiguous(), grad_u.contiguous()
         batch, heads, n_q, _ = uq.shape
         rows = AttentionRows(rq, uq, rk, uk, rv, uv, scale, ctx.k)
         parts = []
@@ -463,6 +466,7 @@ class FusedPolarAttention(torch.autograd.Function):
         return (*shaped, grads[-1].view(batch, heads).sum(0), None)
 
 
+@opaque_to_torch_compile
 def fused_polar_attention(
     rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor, k: float = 1.0
 ) -> tuple[Tensor, Tensor]:
@@ -584,6 +588,7 @@ class FusedAmbientAttention(torch.autograd.Function):
         return g_q.view_as(q), g_keys.view_as(keys), g_v.view_as(v), g_scale.view(batch, heads).sum(0), None
 
 
+@opaque_to_torch_compile
 def fused_ambient_attention(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
     """Ambient attention (Eq. 9 in ambient coordinates) of ``(B, H, N, d+1)`` points in one fused function
     (:class:`FusedAmbientAttention`); ``scale`` is an ``(H,)`` tensor."""

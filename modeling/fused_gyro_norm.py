@@ -19,7 +19,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .cpu_kernels import first_order, rebuild_record, record_layout, record_leaves, run_maybe_compiled, sum_dims
+from .cpu_kernels import (
+    first_order,
+    opaque_to_torch_compile,
+    rebuild_record,
+    record_layout,
+    record_leaves,
+    run_maybe_compiled,
+    sum_dims,
+)
 from .fused_attention import centroid_row_gradients
 from .geometry import centroid_radius
 from .stable_math import asinh_nonneg, asinh_sqrt_half, cosh_minus_one, distance_slope, safe_normalize, sinh_cosh
@@ -437,6 +445,7 @@ class FusedGyroLayerNorm(torch.autograd.Function):
         return g_p, g_log_gain, g_bias, None, None
 
 
+@opaque_to_torch_compile
 def fused_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
     """Gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedGyroLayerNorm`."""
     return FusedGyroLayerNorm.apply(p, log_gain, bias, float(k), float(eps))

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .cpu_kernels import first_order, recompute_vjp, run_maybe_compiled, sum_dims
+from .cpu_kernels import first_order, opaque_to_torch_compile, recompute_vjp, run_maybe_compiled, sum_dims
 from .stable_math import (
     asinh_exp,
     asinh_nonneg,
@@ -225,6 +225,7 @@ class FusedPolarFC(torch.autograd.Function):
         return (g_p, g_weight, *grads_rule, None, None, None, None)
 
 
+@opaque_to_torch_compile
 def fused_polar_fc(
     p: Tensor,
     weight: Tensor,
@@ -398,6 +399,7 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
         return g_p, g_t_rows, g_t_cols, None, None
 
 
+@opaque_to_torch_compile
 def fused_reserved_axes_encoding(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float) -> Tensor:
     """Relative position encoding of ``p (B, N, H, d+1)`` with per-token, per-head moves ``t (N, H)``."""
     return FusedReservedAxesEncoding.apply(p, t_rows, t_cols, kind, float(sqrt_k))
@@ -583,6 +585,7 @@ class FusedBoostResidual(torch.autograd.Function):
         return g_x, g_f, g_alpha, None, None
 
 
+@opaque_to_torch_compile
 def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
     """Boost residual (Eq. 12) of ``x, f (B, N, n+1)`` (:class:`FusedBoostResidual`); ``strength (B, 1)`` or
     ``None``."""

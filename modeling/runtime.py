@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -86,16 +86,21 @@ def _changed(**changes: Any) -> RuntimeOptions:
     return replace(_CURRENT.get(), **changes)
 
 
-@contextmanager
-def use_runtime_options(**changes: Any) -> Iterator[RuntimeOptions]:
+def use_runtime_options(**changes: Any) -> AbstractContextManager[RuntimeOptions]:
     """Change some options for the block (``with use_runtime_options(cpu_kernels=False): ...``); inside
-    ``torch.compile`` a no-op (the traced graph keeps the options it was traced with)."""
+    ``torch.compile`` a ``contextlib.nullcontext`` (the traced graph keeps the options it was traced with, and the
+    compiler may break its graph inside the block, where a generator's context manager would make it run the
+    calling function uncompiled)."""
     if _compiling():
-        yield _TRACED
-        return
-    token = _CURRENT.set(_changed(**changes))
+        return nullcontext(_TRACED)
+    return _options_block(_changed(**changes))
+
+
+@contextmanager
+def _options_block(options: RuntimeOptions) -> Iterator[RuntimeOptions]:
+    token = _CURRENT.set(options)
     try:
-        yield _CURRENT.get()
+        yield options
     finally:
         _CURRENT.reset(token)
 

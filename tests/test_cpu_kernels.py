@@ -9,13 +9,21 @@ compiled, and that small tensors, float64 and compiler failures stay eager.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import directions, make_inputs, radii
 from transformers.activations import GELUActivation
 
 import polar_vit_hf as P
-from polar_vit_hf.modeling import cpu_kernels, fused_attention as FA, fused_gyro_norm as FG, fused_layers as FL
+from polar_vit_hf.modeling import (
+    cpu_kernels,
+    fused_attention as FA,
+    fused_gyro_norm as FG,
+    fused_layers as FL,
+    runtime,
+)
 from polar_vit_hf.modeling.runtime import runtime_options, use_runtime_options
 
 pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
@@ -205,7 +213,9 @@ def compiles() -> int:
 
 
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
-def test_training_step_with_kernels_matches_eager_and_inference_reuses_its_kernels(kernels_on, arithmetic):
+def test_training_step_with_kernels_matches_eager_and_inference_reuses_its_kernels(
+    kernels_on, arithmetic, monkeypatch
+):
     torch.manual_seed(0)
     config = P.PolarViTConfig.from_preset(
         "tiny-cifar", num_labels=10, num_hidden_layers=2, drop_path_rate=0.0, arithmetic=arithmetic
@@ -230,8 +240,20 @@ def test_training_step_with_kernels_matches_eager_and_inference_reuses_its_kerne
     # ambient twin's recomputed functions are differentiated by torch.func, whose parameter gradients sum over
     # batch x tokens at once: they compile one more variant each, once per machine
     model(pixel_values=pixels, labels=labels).loss.backward()
+    model.zero_grad(set_to_none=True)
     assert compiles() == trained or arithmetic == "ambient"
     trained = compiles()
+    # torch.compile(model) runs the fused layers outside its graph, through these very kernels: it compiles none
+    # (the compiled graph's options with the kernels on, as outside this suite)
+    monkeypatch.setattr(runtime, "_TRACED", dataclasses.replace(runtime._TRACED, cpu_kernels=True))
+    torch._dynamo.reset()
+    loss_c = torch.compile(model, backend="aot_eager")(pixel_values=pixels[:2], labels=labels[:2]).loss
+    loss_c.backward()
+    torch._dynamo.reset()
+    assert compiles() == trained
+    assert torch.allclose(loss_c.detach(), loss_k, rtol=1e-6)
+    assert max(float((p.grad - g).abs().max()) for p, g in zip(model.parameters(), grads_k)) <= 1e-5 * scale
+    model.zero_grad(set_to_none=True)
     model.eval()
     pixels = pixels[:2]
     with torch.no_grad():  # how pipelines and Trainer evaluate: the kernels training compiled, nothing new

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import SWITCHES
+from torch._dynamo.utils import counters
 
 import polar_vit_hf as P
 from polar_vit_hf.geometry import input_checks
+from polar_vit_hf.modeling import runtime
+from polar_vit_hf.modeling.cpu_kernels import OPAQUE_REASON
 from polar_vit_hf.modeling.manifold_ops import PolarOps
 from polar_vit_hf.modeling.modeling_polar_vit import PolarFC
 
@@ -243,24 +247,54 @@ def test_bad_inputs_raise_clear_errors():
         model(None)
 
 
-def test_torch_compile_matches_eager():
-    """One graph, no breaks (checked by ``torch._dynamo.explain`` during development); a 1-layer model keeps it
-    quick."""
+@pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
+def test_torch_compile_runs_the_fused_layers_outside_its_graph(arithmetic, monkeypatch):
+    """Inside ``torch.compile`` (its options with the compiled kernels on, the default outside this suite) each
+    fused layer on float32 CPU tensors is a graph break (it runs eagerly, through its compiled kernels), for no
+    other reason; the compiled model gives eager's logits, and what it compiles does not grow with depth (the
+    layers share their graphs)."""
+    monkeypatch.setattr(runtime, "_TRACED", dataclasses.replace(runtime._TRACED, cpu_kernels=True))
+    x = torch.randn(2, 3, 32, 32)
+    graphs = []
+    for layers in (1, 3):
+        torch._dynamo.reset()
+        counters.clear()
+        model = small_model(num_hidden_layers=layers, arithmetic=arithmetic).eval()
+        with torch.no_grad():
+            got = torch.compile(model, backend="aot_eager")(x).logits
+            assert torch.allclose(got, model(x).logits, atol=1e-5)
+        assert counters["graph_break"] and all(OPAQUE_REASON in reason for reason in counters["graph_break"])
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] == graphs[1]
+    torch._dynamo.reset()
+
+
+def test_torch_compile_traces_one_graph_where_the_kernels_are_off(monkeypatch):
+    """With the compiled kernels off in the traced options (``POLAR_VIT_CPU_KERNELS=0``) the fused layers are
+    traced: one graph, no breaks (``fullgraph=True``), eager's logits."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(runtime, "_TRACED", dataclasses.replace(runtime._TRACED, cpu_kernels=False))
     model = small_model(num_hidden_layers=1).eval()
     x = torch.randn(2, 3, 32, 32)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with torch.no_grad():
         assert torch.allclose(compiled(x).logits, model(x).logits, atol=1e-5)
+    torch._dynamo.reset()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
-def test_torch_compile_trains_like_eager_without_warnings(arithmetic, recwarn):
-    """A compiled training step (the fused layers' autograd Functions and recomputed functions traced) gives
-    eager's gradients, and tracing them warns about nothing of this package (no cached function is traced)."""
+@pytest.mark.parametrize("traced", [True, False], ids=["layers-traced", "layers-outside"])
+def test_torch_compile_trains_like_eager_without_warnings(arithmetic, traced, recwarn, monkeypatch):
+    """A compiled training step gives eager's gradients, with the fused layers traced into its graph (their
+    autograd Functions and recomputed functions) or run outside it, and compiling it warns about nothing of this
+    package and hits no recompile limit."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(runtime, "_TRACED", dataclasses.replace(runtime._TRACED, cpu_kernels=not traced))
     model = small_model(num_hidden_layers=1, arithmetic=arithmetic, drop_path_rate=0.0).train()
     x, labels = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
-    torch.compile(model, backend="aot_eager")(pixel_values=x, labels=labels).loss.backward()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # (it would only log)
+        torch.compile(model, backend="aot_eager")(pixel_values=x, labels=labels).loss.backward()
     compiled = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     model(pixel_values=x, labels=labels).loss.backward()
