@@ -463,4 +463,5 @@ def recomputed(fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:
 
 @opaque_to_torch_compile
 def _recomputed(first: Tensor, fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:
+    """:func:`recomputed` with its first tensor in front (what :func:`opaque_to_torch_compile` inspects)."""
     return RecomputedFunction.apply(fn, tuple(constants), first, *tensors)
