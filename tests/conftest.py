@@ -36,6 +36,23 @@ def _seed():
     yield
 
 
+@pytest.fixture
+def traced_kernels(monkeypatch):
+    """``traced_kernels(enabled)``: the options ``torch.compile`` traces with (read from the environment at import,
+    so the kernels are off in this suite) get the compiled CPU kernels on or off; dynamo's caches are reset then and
+    after the test."""
+    import dataclasses
+
+    from polar_vit_hf.modeling import runtime
+
+    def set_traced(enabled: bool) -> None:
+        monkeypatch.setattr(runtime, "_TRACED", dataclasses.replace(runtime._TRACED, cpu_kernels=enabled))
+        torch._dynamo.reset()
+
+    yield set_traced
+    torch._dynamo.reset()
+
+
 @pytest.fixture(scope="session")
 def digits_run(tmp_path_factory):
     """A short pretraining run on the shipped digits data (4 steps), shared by the export and Hub tests."""

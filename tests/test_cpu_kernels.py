@@ -9,8 +9,6 @@ compiled, and that small tensors, float64 and compiler failures stay eager.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from helpers import directions, make_inputs, radii
@@ -22,7 +20,6 @@ from polar_vit_hf.modeling import (
     fused_attention as FA,
     fused_gyro_norm as FG,
     fused_layers as FL,
-    runtime,
 )
 from polar_vit_hf.modeling.runtime import runtime_options, use_runtime_options
 
@@ -214,7 +211,7 @@ def compiles() -> int:
 
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
 def test_training_step_with_kernels_matches_eager_and_inference_reuses_its_kernels(
-    kernels_on, arithmetic, monkeypatch
+    kernels_on, arithmetic, traced_kernels
 ):
     torch.manual_seed(0)
     config = P.PolarViTConfig.from_preset(
@@ -245,8 +242,7 @@ def test_training_step_with_kernels_matches_eager_and_inference_reuses_its_kerne
     trained = compiles()
     # torch.compile(model) runs the fused layers outside its graph, through these very kernels: it compiles none
     # (the compiled graph's options with the kernels on, as outside this suite)
-    monkeypatch.setattr(runtime, "_TRACED", dataclasses.replace(runtime._TRACED, cpu_kernels=True))
-    torch._dynamo.reset()
+    traced_kernels(True)
     loss_c = torch.compile(model, backend="aot_eager")(pixel_values=pixels[:2], labels=labels[:2]).loss
     loss_c.backward()
     torch._dynamo.reset()

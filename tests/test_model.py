@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from torch._dynamo.utils import counters
 
 import polar_vit_hf as P
 from polar_vit_hf.geometry import input_checks
-from polar_vit_hf.modeling import runtime
 from polar_vit_hf.modeling.cpu_kernels import OPAQUE_REASON
 from polar_vit_hf.modeling.manifold_ops import PolarOps
 from polar_vit_hf.modeling.modeling_polar_vit import PolarFC
@@ -248,12 +246,12 @@ def test_bad_inputs_raise_clear_errors():
 
 
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
-def test_torch_compile_runs_the_fused_layers_outside_its_graph(arithmetic, monkeypatch):
+def test_torch_compile_runs_the_fused_layers_outside_its_graph(arithmetic, traced_kernels):
     """Inside ``torch.compile`` (its options with the compiled kernels on, the default outside this suite) each
     fused layer on float32 CPU tensors is a graph break (it runs eagerly, through its compiled kernels), for no
     other reason; the compiled model gives eager's logits, and what it compiles does not grow with depth (the
     layers share their graphs)."""
-    monkeypatch.setattr(runtime, "_TRACED", dataclasses.replace(runtime._TRACED, cpu_kernels=True))
+    traced_kernels(True)
     x = torch.randn(2, 3, 32, 32)
     graphs = []
     for layers in (1, 3):
@@ -266,31 +264,27 @@ def test_torch_compile_runs_the_fused_layers_outside_its_graph(arithmetic, monke
         assert counters["graph_break"] and all(OPAQUE_REASON in reason for reason in counters["graph_break"])
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] == graphs[1]
-    torch._dynamo.reset()
 
 
-def test_torch_compile_traces_one_graph_where_the_kernels_are_off(monkeypatch):
+def test_torch_compile_traces_one_graph_where_the_kernels_are_off(traced_kernels):
     """With the compiled kernels off in the traced options (``POLAR_VIT_CPU_KERNELS=0``) the fused layers are
     traced: one graph, no breaks (``fullgraph=True``), eager's logits."""
-    torch._dynamo.reset()
-    monkeypatch.setattr(runtime, "_TRACED", dataclasses.replace(runtime._TRACED, cpu_kernels=False))
+    traced_kernels(False)
     model = small_model(num_hidden_layers=1).eval()
     x = torch.randn(2, 3, 32, 32)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with torch.no_grad():
         assert torch.allclose(compiled(x).logits, model(x).logits, atol=1e-5)
-    torch._dynamo.reset()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
 @pytest.mark.parametrize("traced", [True, False], ids=["layers-traced", "layers-outside"])
-def test_torch_compile_trains_like_eager_without_warnings(arithmetic, traced, recwarn, monkeypatch):
+def test_torch_compile_trains_like_eager_without_warnings(arithmetic, traced, recwarn, traced_kernels):
     """A compiled training step gives eager's gradients, with the fused layers traced into its graph (their
     autograd Functions and recomputed functions) or run outside it, and compiling it warns about nothing of this
     package and hits no recompile limit."""
-    torch._dynamo.reset()
-    monkeypatch.setattr(runtime, "_TRACED", dataclasses.replace(runtime._TRACED, cpu_kernels=not traced))
+    traced_kernels(not traced)
     model = small_model(num_hidden_layers=1, arithmetic=arithmetic, drop_path_rate=0.0).train()
     x, labels = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # (it would only log)
