@@ -9,9 +9,10 @@ compiled CPU kernels compile in the first), then one profiled forward + backward
 * the operators by self CPU time (``key_averages``), the top ``--top``;
 * the forward time per layer kind (Polar-FC, attention, gyro norm, residual, position encoding, embeddings,
   head), from ``record_function`` ranges around each module's forward (outermost module of a kind only), and
-  the backward in all (the operators whose names mark them as backward nodes).
+  the backward in all (the operators whose names mark them as backward nodes);
+* the compiled CPU kernels' time per fused layer Function, forward and backward nodes apart.
 
-Writes ``operators.csv``, ``layers.csv``, a Chrome trace (``trace.json``) and ``layers.png``.
+Writes ``operators.csv``, ``layers.csv``, ``kernels.csv``, a Chrome trace (``trace.json``) and ``layers.png``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,22 @@ def layer_table(events) -> dict[str, float]:
     return dict(totals)
 
 
+def kernel_table(events) -> dict[str, tuple[float, int]]:
+    """Milliseconds and calls of the compiled kernels (``CompiledFxGraph`` calls) per fused layer Function
+    (``FusedPolarAttention``, ``FusedGyroLayerNormBackward``, ...): the innermost enclosing Function node."""
+    totals: dict[str, tuple[float, int]] = {}
+    for event in events:
+        if "CompiledFxGraph" not in event.name:
+            continue
+        owner = event.cpu_parent
+        while owner is not None and not owner.name.startswith(("Fused", "Recomputed")):
+            owner = owner.cpu_parent
+        name = owner.name if owner is not None else "(outside a fused layer)"
+        ms, calls = totals.get(name, (0.0, 0))
+        totals[name] = (ms + event.cpu_time_total / 1e3, calls + 1)
+    return totals
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny-cifar")
@@ -148,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind:<52} {ms:>9.1f} {ms / total_ms:>13.1%}")
     backward_ms = sum(e.self_cpu_time_total for e in averages if "Backward" in e.key or "backward" in e.key) / 1e3
     print(f"{'backward nodes (operators named *Backward*)':<52} {backward_ms:>9.1f} {backward_ms / total_ms:>13.1%}")
+    kernels = kernel_table(prof.events())
+    if kernels:
+        print(f"\n{'compiled kernels, by fused layer (forward and backward)':<52} {'ms':>9} {'calls':>7}")
+        for name, (ms, calls) in sorted(kernels.items(), key=lambda item: -item[1][0]):
+            print(f"{name[:52]:<52} {ms:>9.1f} {calls:>7}")
     with open(args.out / "operators.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["operator", "self_ms", "calls"])
@@ -156,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.writer(handle)
         writer.writerow(["layer_kind", "forward_ms"])
         writer.writerows(sorted(layers.items(), key=lambda item: -item[1]))
+    with open(args.out / "kernels.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["fused_layer", "kernel_ms", "calls"])
+        writer.writerows((name, ms, calls) for name, (ms, calls) in kernels.items())
     plot(layers, args.out / "layers.png", f"{args.model} forward, batch {args.batch}")
-    print(f"wrote {args.out}/operators.csv, layers.csv, trace.json, layers.png")
+    print(f"wrote {args.out}/operators.csv, layers.csv, kernels.csv, trace.json, layers.png")
     return 0
 
 

@@ -32,7 +32,14 @@ from .fused_attention import centroid_row_gradients
 from .geometry import centroid_radius
 from .stable_math import asinh_nonneg, asinh_sqrt_half, cosh_minus_one, distance_slope, safe_normalize, sinh_cosh
 
-__all__ = ["FusedGyroLayerNorm", "GyroNormScalars", "GyroNormWide", "fused_gyro_layer_norm", "gyro_norm_forward"]
+__all__ = [
+    "FusedGyroLayerNorm",
+    "GyroNormScalars",
+    "GyroNormWide",
+    "bias_near_origin",
+    "fused_gyro_layer_norm",
+    "gyro_norm_forward",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,8 +226,13 @@ def gyro_norm_forward(
     bias: Tensor,
     k: float,
     eps: float,
+    near_origin: bool | None = None,
 ) -> tuple[Tensor, GyroNormScalars, GyroNormWide]:
-    """The gyro layer norm of ``p (B, N, n+1)`` over its tokens and the intermediates of its backward."""
+    """The gyro layer norm of ``p (B, N, n+1)`` over its tokens and the intermediates of its backward.
+
+    ``near_origin`` says which form of Eq. 20 the bias point takes (:func:`bias_near_origin`); ``None`` decides
+    here: eagerly from the bias, under ``torch.compile`` both forms, selected by ``torch.where`` (no data-dependent
+    branch in a traced graph)."""
     sk = math.sqrt(k)
     u = p[..., 1:]
     a = p[..., 0] / sk
@@ -250,22 +262,25 @@ def gyro_norm_forward(
     big_x = bias / sk
     x_sq = big_x.square().sum()
     near = x_sq <= 1.0
-    # eager: only the branch in use; under torch.compile both, selected by torch.where (no data-dependent if)
-    compiling = torch.compiler.is_compiling()
+    if near_origin is None and torch.compiler.is_compiling():
+        use_near = use_far = True
+    else:
+        use_near = bool(near) if near_origin is None else near_origin
+        use_far = not use_near
     near_bias: BiasNear | None = None
     far_bias: BiasFar | None = None
     far_parts: GyroaddParts | None = None
     z_near: Tensor | None = None
     z_far: Tensor | None = None
-    if compiling or bool(near):  # near the origin: Eq. 20 directly (smooth at b = o), as geometry.gyroadd_space
+    if use_near:  # near the origin: Eq. 20 directly (smooth at b = o), as geometry.gyroadd_space
         sinh_b, cosh_b = sinh_cosh(b)
         x_dot_u = u_y @ big_x
         denom = torch.sqrt(1.0 + x_sq) + 1.0
         coef = x_dot_u * sinh_b / denom + cosh_b
         z_near = sinh_b.unsqueeze(-1) * u_y + coef.unsqueeze(-1) * big_x
         near_bias = BiasNear(sinh_b, cosh_b, x_dot_u, denom, coef)
-    if compiling or not bool(near):  # beyond: the polar gyroaddition (Eq. 21) with the bias point in polar form
-        far_x = torch.where(near, torch.ones_like(big_x), big_x)
+    if use_far:  # beyond: the polar gyroaddition (Eq. 21) with the bias point in polar form
+        far_x = big_x if near_origin is False else torch.where(near, torch.ones_like(big_x), big_x)
         far_norm = torch.linalg.vector_norm(far_x)
         z_far, far_parts = gyroadd_z(asinh_nonneg(far_norm), far_x / far_norm, b, u_y)
         far_bias = BiasFar(far_x, far_norm)
@@ -396,15 +411,23 @@ def rebuild_wide(p: Tensor, out: Tensor, st: GyroNormScalars, k: float) -> GyroN
     return GyroNormWide(u, u - u_hat.unsqueeze(-2), GyroaddParts(st.centring, d, v_perp), u_y, out[..., 1:], far_parts)
 
 
+def bias_near_origin(bias: Tensor, k: float) -> bool | None:
+    """Whether the bias point ``b = bias / sqrt(k)`` lies within ``||b|| <= 1``, where Eq. 20 is used directly (else
+    the polar gyroaddition, Eq. 21), as :func:`gyro_norm_forward` decides it; ``None`` inside ``torch.compile``
+    (the value is data; the traced forward then carries both forms).
+
+    Known before a compiled kernel runs, it specialises the kernel to the one form in use: a kernel traced without
+    it computes both forms for every token."""
+    if torch.compiler.is_compiling():
+        return None
+    return bool((bias / math.sqrt(k)).square().sum() <= 1.0)
+
+
 def _saved_forward(
-    p: Tensor,
-    log_gain: Tensor,
-    bias: Tensor,
-    k: float,
-    eps: float,
+    p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float, near_origin: bool | None
 ) -> tuple[Tensor, GyroNormScalars]:
     """The output of :func:`gyro_norm_forward` and the scalars its backward keeps."""
-    out, scalars, _ = gyro_norm_forward(p, log_gain, bias, k, eps)
+    out, scalars, _ = gyro_norm_forward(p, log_gain, bias, k, eps, near_origin)
     return out, scalars
 
 
@@ -428,7 +451,7 @@ class FusedGyroLayerNorm(torch.autograd.Function):
         k: float,
         eps: float,  # noqa: D102
     ) -> Tensor:
-        out, small = run_maybe_compiled(_saved_forward, p, p, log_gain, bias, k, eps)
+        out, small = run_maybe_compiled(_saved_forward, p, p, log_gain, bias, k, eps, bias_near_origin(bias, k))
         ctx.layout = record_layout(small)
         ctx.save_for_backward(p, log_gain, bias, out, *record_leaves(small))
         ctx.k, ctx.eps = k, eps

@@ -123,7 +123,7 @@ def test_polar_fc_epilogue_kernels_match_eager(kernels_on, activation, heads, ru
         return FL.fused_polar_fc(p, weight, rule_parameters or None, 1.0, heads, activation)
 
     check_kernels(fn, p, weight, *rule_parameters)
-    assert really_compiled(FL.polar_fc_epilogue)
+    assert really_compiled(FL.polar_fc_epilogue, FL._polar_fc_input_gradients)
 
 
 @pytest.mark.parametrize("case", ["generic", "identical", "dominant"])
@@ -382,3 +382,25 @@ def test_kernel_cache_keys_name_the_function_and_its_bound_constants(monkeypatch
     assert folder(cpu_kernels.bound(FL._boost_residual_forward, (torch.zeros(1),))) is None  # not nameable: not kept
     monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", "0")
     assert folder(FL._boost_residual_forward) is None
+
+
+@pytest.mark.parametrize("bias_scale", [0.1, 3.0])
+def test_gyro_layer_norm_kernel_computes_only_the_bias_form_in_use(bias_scale):
+    """A kernel told which form of Eq. 20 the bias point takes traces that form alone; without it (a traced
+    ``torch.compile(model)``), both, selected per value; either way the output is the eager one."""
+    p = points(2, 5, 12, 4.0, 8).float()
+    log_gain = torch.tensor(0.3)
+    bias = torch.linspace(-1.0, 1.0, 12) * bias_scale / 12**0.5
+    near = FG.bias_near_origin(bias, 0.9)
+    assert near is (bias_scale < 1.0)
+
+    def forms(near_origin):
+        out, scalars, _ = FG.gyro_norm_forward(p, log_gain, bias, 0.9, 1e-5, near_origin)
+        return out, scalars.near_bias, scalars.far_bias
+
+    eager = forms(None)[0]
+    for near_origin, expect_near, expect_far in ((near, near, not near), (None, True, True)):
+        torch._dynamo.reset()
+        out, near_bias, far_bias = torch.compile(forms, fullgraph=True, dynamic=True)(near_origin)
+        assert (near_bias is not None, far_bias is not None) == (expect_near, expect_far)
+        torch.testing.assert_close(out, eager, rtol=2e-6, atol=2e-6)

@@ -77,3 +77,27 @@ def test_the_step_profile_prints_operators_and_layer_kinds(tmp_path, capsys):
     assert {"Polar-FC", "attention (scores, softmax, centroid, projections)", "residual"} <= set(kinds)
     assert all(ms > 0 for ms in kinds.values())
     assert (tmp_path / "trace.json").stat().st_size > 0 and (tmp_path / "layers.png").stat().st_size > 0
+    assert (tmp_path / "kernels.csv").read_text().startswith("fused_layer,kernel_ms,calls")
+
+
+def test_the_step_profile_attributes_compiled_kernels_to_their_fused_layer():
+    """``kernel_table`` charges each compiled kernel call to the fused layer Function that ran it, forward and
+    backward apart (a boost residual with its compiled kernels on)."""
+    import torch
+    from torch.profiler import profile
+
+    from polar_vit_hf.benchmarks import profile_step
+    from polar_vit_hf.modeling import fused_layers
+    from polar_vit_hf.modeling.runtime import use_runtime_options
+
+    torch.manual_seed(0)
+    x = torch.cat([torch.rand(2, 9, 1) * 3, torch.nn.functional.normalize(torch.randn(2, 9, 16), dim=-1)], -1)
+    f = torch.cat([torch.rand(2, 9, 1) * 3, torch.nn.functional.normalize(torch.randn(2, 9, 16), dim=-1)], -1)
+    x.requires_grad_(True)
+    with use_runtime_options(cpu_kernels=True, kernel_min_elements=0):
+        for _ in range(2):  # the first call compiles (or loads) the kernels
+            with profile() as prof:
+                fused_layers.fused_boost_residual(x, f, torch.tensor(0.7), None, 1.0).sum().backward()
+    table = profile_step.kernel_table(prof.events())
+    assert {"FusedBoostResidual", "FusedBoostResidualBackward"} <= set(table)
+    assert all(ms > 0 and calls >= 1 for ms, calls in table.values())
