@@ -79,23 +79,28 @@ def _padded_weight(weight: Tensor) -> Tensor:
 
 
 def _polar_fc_input_gradients(
-    g_x: Tensor, p: Tensor, rule_terms: tuple[Tensor, Tensor] | None, sqrt_k: float
+    g_x: Tensor,
+    u: Tensor,
+    sinh_a: Tensor,
+    cosh_a: Tensor,
+    rule_terms: tuple[Tensor, Tensor, Tensor] | None,
+    sqrt_k: float,
 ) -> Tensor:
-    """``dL/dp = [g_a / sqrt(k), g_u]`` ``(T, n+1)`` from ``g_x = dL/d(x / sqrt(k))`` (the first ``n+1`` columns) and,
-    with the radius rule, ``rule_terms = (varphi^T g_l (T, n), lambda . g_l (T,))``:
+    """``dL/dp = [g_a / sqrt(k), g_u]`` ``(T, n+1)`` from ``g_x = dL/d(x / sqrt(k))`` (the first ``n+1`` columns),
+    the input directions ``u`` and ``sinh a``, ``cosh a`` of :func:`_unit_coords`, and, with the radius rule,
+    ``rule_terms = (varphi^T g_l (T, n), lambda . g_l (T,), tanh a (T,))``:
 
         g_a = g_x0 sinh a + cosh a (g_xs . u) + lambda . g_l + sech^2 a (u . varphi^T g_l),
         g_u = sinh a g_xs + tanh a varphi^T g_l
 
     (Eq. 8 through ``x / sqrt(k) = (cosh a, sinh a u)``), one compiled kernel over the tokens."""
-    a, u, g_xs = p[:, 0] / sqrt_k, p[:, 1:], g_x[:, 1:]
-    sinh_a, cosh_a = sinh_cosh(a)
+    g_xs = g_x[:, 1:]
     g_a = g_x[:, 0] * sinh_a + cosh_a * (g_xs * u).sum(-1)
     g_u = g_xs * sinh_a.unsqueeze(-1)
     if rule_terms is not None:
-        g_klein, g_radius = rule_terms
+        g_klein, g_radius, tanh_a = rule_terms
         g_a = g_a + g_radius + (u * g_klein).sum(-1) / cosh_a.square()
-        g_u = g_u + torch.tanh(a).unsqueeze(-1) * g_klein
+        g_u = g_u + tanh_a.unsqueeze(-1) * g_klein
     return torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1)
 
 
@@ -210,7 +215,8 @@ class FusedPolarFC(torch.autograd.Function):
         p, weight, norm_power, radius_weight, klein_weight, out, norm, pre = ctx.saved_tensors
         matmul_dtype = ctx.matmul_dtype
         sqrt_k = ctx.sqrt_k
-        x = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)[0]
+        u = p[:, 1:]
+        x, a, sinh_a, cosh_a = _unit_coords(p[:, 0], u, sqrt_k)
         if pre is None or is_gelu(ctx.activation):
             g_pre, g_l = run_maybe_compiled(
                 _polar_fc_epilogue_backward, out, grad_out, out, norm, norm_power, pre, sqrt_k
@@ -227,16 +233,15 @@ class FusedPolarFC(torch.autograd.Function):
         grads_rule: tuple[Tensor | None, ...] = (None, None, None, None)
         rule_terms = None
         if norm_power is not None:
-            a = p[:, 0] / sqrt_k
             tanh_a = torch.tanh(a)
-            rule_terms = (g_l @ klein_weight, g_l @ radius_weight)  # varphi^T g_l (T, n), lambda . g_l (T,)
+            rule_terms = (g_l @ klein_weight, g_l @ radius_weight, tanh_a)  # varphi^T g_l, lambda . g_l, tanh a
             grads_rule = (
                 (g_l * torch.log(norm.clamp_min(1e-30))).sum(0),
                 (g_l * a.unsqueeze(-1)).sum(0),
-                (g_l * tanh_a.unsqueeze(-1)).t() @ p[:, 1:],
+                (g_l * tanh_a.unsqueeze(-1)).t() @ u,
                 g_l.sum(0),
             )
-        g_p = run_maybe_compiled(_polar_fc_input_gradients, p, g_x, p, rule_terms, sqrt_k)
+        g_p = run_maybe_compiled(_polar_fc_input_gradients, p, g_x, u, sinh_a, cosh_a, rule_terms, sqrt_k)
         return (g_p, g_weight, *grads_rule, None, None, None, None)
 
 
