@@ -44,6 +44,7 @@ __all__ = [
     "is_gelu",
     "polar_fc_epilogue",
     "policy_matmul",
+    "polar_fc_log_radius",
     "radius_offset",
 ]
 
@@ -130,13 +131,22 @@ def polar_fc_epilogue(
     ``l = beta ln||h|| + offset`` and ``offset = lambda a + varphi^T chi + varphi_0``, or ``l = ln||h||`` without the
     radius rule (``norm_power`` ``None``).
     """
+    h, norm, log_radius = polar_fc_log_radius(pre, offset, norm_power, gelu)
+    radius = asinh_exp(log_radius) * sqrt_k
+    return torch.cat([radius.unsqueeze(-1), safe_normalize(h, norm)], dim=-1), norm
+
+
+def polar_fc_log_radius(
+    pre: Tensor, offset: Tensor | None, norm_power: Tensor | None, gelu: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(h, ||h||, l)`` of Eq. 8 (all ``(..., H, ...)``): ``h = gelu(pre)`` (or ``pre``) and the log-radius
+    ``l = ln sinh(r' / sqrt(k)) = beta ln||h|| + offset`` (``ln ||h||`` without the radius rule)."""
     h = torch.nn.functional.gelu(pre) if gelu else pre
     norm = torch.linalg.vector_norm(h, dim=-1)  # (..., H)
     log_radius = torch.log(norm.clamp_min(1e-30))
     if norm_power is not None and offset is not None:
         log_radius = torch.addcmul(offset, norm_power, log_radius)
-    radius = asinh_exp(log_radius) * sqrt_k
-    return torch.cat([radius.unsqueeze(-1), safe_normalize(h, norm)], dim=-1), norm
+    return h, norm, log_radius
 
 
 def _polar_fc_epilogue_backward(

@@ -55,6 +55,7 @@ from .fused_layers import (
     fused_reserved_axes_encoding,
     is_gelu,
     polar_fc_epilogue,
+    polar_fc_log_radius,
     policy_matmul,
     radius_offset,
 )
@@ -241,6 +242,11 @@ class ManifoldOps(ABC):
         gelu = is_gelu(activation)
         if activation is not None and not gelu:
             h = activation(h)
+        return self.polar_fc_output(h, p, rule, gelu)
+
+    def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
+        """The output points of :meth:`polar_fc` from its product ``h = W x / sqrt(k)`` ``(..., heads, d)`` (before
+        the GELU when ``gelu``) and its input points ``p`` (read by the radius rule only)."""
         offset = norm_power = None
         if rule is not None:
             norm_power, radius_weight, klein_weight, radius_bias = (t.to(p.dtype) for t in rule)
@@ -505,6 +511,21 @@ class AmbientOps(ManifoldOps):
         weights = torch.softmax(-scale.view(-1, 1, 1) * self.pairwise_sq_distance(q, k), dim=-1)
         return self.centroid(v, weights), (weights if return_probs else None)
 
+    def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
+        """Eq. 8's output in ambient coordinates, straight from its log-radius ``l``: ``sinh(r' / sqrt(k)) = e^l``,
+        so ``x_s = sqrt(k) e^l u'`` and ``x_0 = sqrt(k) hypot(e^l, 1)`` (without the radius rule ``x_s = sqrt(k)
+        h``: the ambient Lorentz linear layer, its time coordinate from the hyperboloid)."""
+        offset = norm_power = None
+        if rule is not None:
+            norm_power, radius_weight, klein_weight, radius_bias = (t.to(p.dtype) for t in rule)
+            offset = radius_offset(
+                self.radius(p) / self.sqrt_k, self.klein(p) @ klein_weight.t(), radius_weight, radius_bias
+            )
+        h, norm, log_radius = polar_fc_log_radius(h, offset, norm_power, gelu)
+        sinh_a = torch.exp(log_radius)
+        space = (self.sqrt_k * sinh_a).unsqueeze(-1) * safe_normalize(h, norm)
+        return torch.cat([(self.sqrt_k * torch.hypot(sinh_a, torch.ones_like(sinh_a))).unsqueeze(-1), space], -1)
+
     def hyperplane_margin(self, p: Tensor, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
         x = p / self.sqrt_k
         return c1 * (x[..., 1:] @ z_hat.t()) - c2 * x[..., :1]
@@ -518,8 +539,14 @@ class FusedAmbientOps(AmbientOps):
     autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention` (hand-derived
     backward); the gyro layer norm, the boost residual and the position encodings are recomputed functions
     (:func:`cpu_kernels.recomputed`: backward recomputes and differentiates them); each a compiled kernel on the
-    CPU.  Polar-FC is the reference one (autograd): recomputed, it measured slower (inductor
-    evaluates the output point's per-token ``sinh`` / ``cosh`` once per coordinate)."""
+    CPU.  Polar-FC's product is autograd's (it keeps the input points and the weight); its output points
+    (:meth:`ManifoldOps.polar_fc_output`: the epilogue of Eq. 8, the radius rule and the ambient coordinates) are
+    a recomputed function of the product and the input points."""
+
+    def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
+        if rule is None:
+            return recomputed(ambient_polar_fc_output, h, constants=(self.k, gelu))
+        return recomputed(ambient_polar_fc_rule_output, h, p, *(t.to(p.dtype) for t in rule), constants=(self.k, gelu))
 
     def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
         return recomputed(ambient_gyro_layer_norm, p, log_gain, bias_space, constants=(self.k, eps))
@@ -556,6 +583,27 @@ def ambient_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, k: float) -> Ten
 def ambient_scaled_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor, k: float) -> Tensor:
     """:meth:`ManifoldOps.boost_residual` in ambient coordinates, ``f``'s radius scaled by ``strength``."""
     return ManifoldOps.boost_residual(AmbientOps(k), x, f, alpha, strength)
+
+
+def ambient_polar_fc_output(h: Tensor, k: float, gelu: bool) -> Tensor:
+    """:meth:`ManifoldOps.polar_fc_output` in ambient coordinates, without the radius rule."""
+    return AmbientOps(k).polar_fc_output(h, h, None, gelu)
+
+
+def ambient_polar_fc_rule_output(
+    h: Tensor,
+    p: Tensor,
+    norm_power: Tensor,
+    radius_weight: Tensor,
+    klein_weight: Tensor,
+    radius_bias: Tensor,
+    k: float,
+    gelu: bool,
+) -> Tensor:
+    """:meth:`ManifoldOps.polar_fc_output` in ambient coordinates, with the radius rule ``(beta, lambda, varphi,
+    varphi_0)`` of Eq. 8."""
+    rule = (norm_power, radius_weight, klein_weight, radius_bias)
+    return AmbientOps(k).polar_fc_output(h, p, rule, gelu)
 
 
 def ambient_relative_position(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, k: float) -> Tensor:

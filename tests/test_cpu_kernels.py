@@ -203,6 +203,32 @@ def test_recomputed_direct_concat_kernels_match_eager_and_float64(kernels_on, rm
     assert really_compiled(cpu_kernels._vjp(packed_direct_concat, (0.9,)))
 
 
+@pytest.mark.parametrize("rule", [False, True])
+@pytest.mark.parametrize("rmax", [0.5, 4.0])
+def test_ambient_polar_fc_output_kernels_match_eager_and_float64(kernels_on, rule, rmax):
+    """The ambient twin's Polar-FC output (Eq. 8 from its log-radius, in ambient coordinates; a RecomputedFunction
+    of the product and the input points) as compiled forward and vjp kernels, with the GELU."""
+    from polar_vit_hf.modeling.manifold_ops import (
+        AmbientOps,
+        FusedAmbientOps,
+        ambient_polar_fc_output,
+        ambient_polar_fc_rule_output,
+    )
+
+    torch.manual_seed(4)
+    x = AmbientOps(0.9).make(radii(2, 6, rmax=rmax, seed=4), directions(2, 6, 8, seed=4)).float()
+    h = torch.randn(2, 6, 3, 5)
+    params = [torch.rand(3) + 0.5, 0.3 * torch.randn(3), 0.3 * torch.randn(3, 8), 0.3 * torch.randn(3)]
+
+    def fn(h, *points_and_rule):  # without the rule, the input points are not read
+        x, *rule_parameters = points_and_rule or (None,)
+        return FusedAmbientOps(0.9).polar_fc_output(h, x, tuple(rule_parameters) if rule else None, True)
+
+    check_kernels(fn, h, *([x, *params] if rule else []))
+    target = ambient_polar_fc_rule_output if rule else ambient_polar_fc_output
+    assert really_compiled(cpu_kernels.bound(target, (0.9, True)), cpu_kernels._vjp(target, (0.9, True)))
+
+
 def compiles() -> int:
     """Variants compiled so far in this process."""
     kernels = cpu_kernels.compiled_functions().values()

@@ -383,6 +383,58 @@ def test_fused_ambient_attention_groups_and_saves_nothing_quadratic():
     assert all(torch.allclose(a, b, rtol=1e-13, atol=1e-15) for a, b in zip(g_one, g_two))
 
 
+@pytest.mark.parametrize("activation", [None, "gelu"])
+@pytest.mark.parametrize("rule", [True, False])
+def test_ambient_polar_fc_is_the_polar_one_in_ambient_coordinates_and_keeps_no_intermediates(activation, rule):
+    """The ambient Polar-FC writes Eq. 8's output from its log-radius (``x_s = sqrt(k) e^l u'``, ``x_0 = sqrt(k)
+    hypot(e^l, 1)``): in float64 it is ``to_ambient`` of the polar Polar-FC's output at radii 0 to 12, with zero
+    weights (the origin) and identical tokens; the fused one (recomputed) equals it with gradcheck, and keeps for
+    backward only its inputs: nothing of the size of its output."""
+    torch.manual_seed(3)
+    k = 1.3
+    fc = PolarFC(6, 8, k, num_heads=2, activation=activation, radius_rule=rule).double()
+    torch.nn.init.normal_(fc.weight)
+    if rule:
+        for param in fc.rule_parameters():
+            torch.nn.init.normal_(param, std=0.5)
+    r = torch.tensor([0.0, 0.5, 4.0, 8.0, 12.0, 12.0], dtype=F64)
+    u = directions(6, 6)
+    u[-1] = u[-2]
+    polar = PolarOps.make(r, u)
+    ambient = AmbientOps(k).make(r, u).requires_grad_(True)
+    want = AmbientOps(k).make(*PolarOps(k).polar(fc(polar, PolarOps(k))))
+    ref = fc(ambient, AmbientOps(k))
+    assert torch.allclose(ref, want, rtol=1e-13, atol=1e-13)
+    parameters = {param.untyped_storage().data_ptr() for param in fc.parameters()}
+    sizes = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in parameters:
+            sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        got = fc(ambient, FusedAmbientOps(k))
+    assert torch.allclose(got, ref, rtol=1e-13, atol=1e-13)
+    product = 6 * fc.weight.shape[0]  # the product (tokens x heads x head width), kept as autograd's matmul keeps it
+    assert max(sizes) <= max(product, ambient.numel()) < ref.numel()
+    weights = torch.randn_like(ref)
+    params = [ambient, *fc.parameters()]
+    for want_g, have in zip(
+        torch.autograd.grad((ref * weights).sum(), params), torch.autograd.grad((got * weights).sum(), params)
+    ):
+        assert torch.allclose(have, want_g, rtol=1e-10, atol=1e-12 * want_g.abs().max())
+    away = ambient[1:4].detach().requires_grad_(True)  # radii 0.5-8 (arcosh x_0 is not smooth at the origin)
+    assert gradcheck(lambda x, w: fc(x, FusedAmbientOps(k)), [away, fc.weight])
+    torch.nn.init.zeros_(fc.weight)  # h = 0: finite gradients; without the radius rule, the origin
+    zero = fc(ambient, FusedAmbientOps(k))
+    assert torch.allclose(zero, fc(ambient, AmbientOps(k)), rtol=1e-13, atol=1e-300)
+    if not rule:
+        assert torch.allclose(zero[..., 0], torch.full_like(zero[..., 0], math.sqrt(k)), rtol=1e-15, atol=0)
+        assert zero[..., 1:].abs().max() < 1e-29
+    assert all(torch.isfinite(g).all() for g in torch.autograd.grad(zero.sum(), params))
+
+
 def test_kernel_forms_are_within_their_ulp_bounds_and_eager_is_torch(monkeypatch):
     """``kernel_log1p`` / ``kernel_acosh`` (the forms inside compiled kernels, evaluated eagerly here with the
     compiling flag forced) against mpmath at float32, and exactly torch's functions eager."""
