@@ -44,6 +44,8 @@ __all__ = [
     "compiled_functions",
     "cpu_kernels_enabled",
     "first_order",
+    "inductor_options",
+    "kernel_options",
     "PersistentKernel",
     "kernel",
     "kernel_cache_dir",
@@ -162,6 +164,24 @@ def opaque_to_torch_compile(entry: Callable) -> Callable:
     return functools.wraps(entry)(call)
 
 
+def inductor_options(**options: Any) -> Callable[[Callable], Callable]:
+    """Decorator: compile ``fn``'s kernels, and those of its :func:`bound` and vector-Jacobian forms, with these
+    inductor options (``torch.compile(..., options=...)``), part of their cache key.  For a function whose
+    options are measured faster, such as ``realize_reads_threshold=1`` (store a value read more than once instead
+    of recomputing it in each loop that reads it) for the ambient twin's recomputed layers."""
+
+    def mark(fn: Callable) -> Callable:
+        fn.inductor_options = dict(options)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def kernel_options(fn: Callable) -> dict[str, Any] | None:
+    """The inductor options :func:`inductor_options` gave ``fn`` (``None``: inductor's defaults)."""
+    return getattr(fn, "inductor_options", None)
+
+
 def kernel(fn: Callable) -> Callable:
     """``fn`` compiled by inductor with dynamic shapes, or ``fn`` itself if compiling fails: a warning, then eager.
 
@@ -252,7 +272,7 @@ class PersistentKernel:
                         self.variants.append(variant)
                         self.compiles += 1
             if variant is None and self.jit is None:
-                self.jit = torch.compile(self.fn, dynamic=True, fullgraph=True)
+                self.jit = torch.compile(self.fn, dynamic=True, fullgraph=True, options=kernel_options(self.fn))
         return variant.fn(*args) if variant is not None else self.jit(*args)  # type: ignore[misc]
 
     def _matching(self, args: tuple) -> Any | None:
@@ -290,7 +310,7 @@ def _variants_folder(fn: Callable) -> Path | None:
     name = _describe(fn)
     if root is None or name is None:
         return None
-    key = hashlib.sha256(f"{_source_digest()}|{name}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{_source_digest()}|{name}|{kernel_options(fn)}".encode()).hexdigest()[:24]
     return root / key
 
 
@@ -328,7 +348,8 @@ def _aot_compile(fn: Callable, args: tuple) -> Any:
     with torch.fx.experimental._config.patch(use_duck_shape=False), warnings.catch_warnings():  # type: ignore[attr-defined]
         # (the guards read ``.grad`` of non-leaf arguments, which warns)
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
-        return torch.compile(fn, dynamic=True, fullgraph=True).aot_compile((args, {}))  # type: ignore[attr-defined]
+        compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=kernel_options(fn))
+        return compiled.aot_compile((args, {}))  # type: ignore[attr-defined]
 
 
 def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str]) -> Any | None:
@@ -417,15 +438,21 @@ class RecomputedFunction(torch.autograd.Function):
 @functools.cache
 def bound(fn: Callable, constants: tuple) -> Callable:
     """``fn`` with its trailing ``constants`` bound (one function object per pair: one compiled kernel, the
-    constants compiled in)."""
-    return lambda *tensors: fn(*tensors, *constants)
+    constants compiled in, ``fn``'s :func:`kernel_options`)."""
+    return _with_options_of(fn, lambda *tensors: fn(*tensors, *constants))
 
 
 @functools.cache
 def _vjp(fn: Callable, constants: tuple) -> Callable:
     """``(grad, *tensors) -> gradients of fn(*tensors, *constants)`` by :func:`recompute_vjp` (one function object
-    per pair: one compiled kernel)."""
-    return lambda grad, *tensors: recomputed_gradients(fn, constants, grad, tensors)
+    per pair: one compiled kernel, ``fn``'s :func:`kernel_options`)."""
+    return _with_options_of(fn, lambda grad, *tensors: recomputed_gradients(fn, constants, grad, tensors))
+
+
+def _with_options_of(fn: Callable, derived: Callable) -> Callable:
+    """``derived`` (a form of ``fn``) compiled with ``fn``'s :func:`kernel_options`."""
+    options = kernel_options(fn)
+    return derived if options is None else inductor_options(**options)(derived)
 
 
 def recomputed_gradients(fn: Callable, constants: tuple, grad: Tensor, tensors: tuple[Tensor, ...]) -> tuple:

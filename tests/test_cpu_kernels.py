@@ -410,6 +410,32 @@ def test_kernel_cache_keys_name_the_function_and_its_bound_constants(monkeypatch
     assert folder(FL._boost_residual_forward) is None
 
 
+def test_inductor_options_reach_the_compile_and_the_cache_key(kernels_on, monkeypatch, tmp_path):
+    """A function's inductor options (the ambient twin's recomputed layers store values read more than once) pass
+    to its bound and vector-Jacobian forms, name a cache folder of their own and are what inductor compiles with."""
+    from polar_vit_hf.modeling.manifold_ops import ambient_boost_residual
+
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
+    options = {"realize_reads_threshold": 1}
+    assert cpu_kernels.kernel_options(ambient_boost_residual) == options
+    assert cpu_kernels.kernel_options(cpu_kernels.bound(ambient_boost_residual, (1.0,))) == options
+    assert cpu_kernels.kernel_options(cpu_kernels._vjp(ambient_boost_residual, (1.0,))) == options
+    assert cpu_kernels.kernel_options(FL._boost_residual_forward) is None
+
+    def double_sum(x):
+        return (2.0 * x).sum(-1)
+
+    plain = cpu_kernels._variants_folder(double_sum)
+    marked = cpu_kernels.inductor_options(realize_reads_threshold=1)(double_sum)
+    assert cpu_kernels._variants_folder(marked) != plain
+    seen = []
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw.get("options")) or real(fn, **kw))
+    x = torch.randn(4, 8)
+    assert torch.allclose(cpu_kernels.kernel(marked)(x), double_sum(x))
+    assert seen == [options] and really_compiled(marked)
+
+
 @pytest.mark.parametrize("bias_scale", [0.1, 3.0])
 def test_gyro_layer_norm_kernel_computes_only_the_bias_form_in_use(bias_scale):
     """A kernel told which form of Eq. 20 the bias point takes traces that form alone; without it (a traced
