@@ -114,20 +114,28 @@ def test_fused_attention_groups_and_saves_nothing_quadratic(monkeypatch):
 # --------------------------------------------------------------------------------------------
 # Polar-FC
 # --------------------------------------------------------------------------------------------
+def _random_polar_fc(
+    out_features: int, k: float, heads: int | None, activation: str | None, rule: bool
+) -> tuple[PolarFC, torch.Tensor, torch.Tensor]:
+    """A float64 Polar-FC ``L^6 -> L^out`` with normal weights (and radius-rule parameters), and the radii and
+    directions of six input tokens at radii 0 to 12, the last two identical."""
+    fc = PolarFC(6, out_features, k, num_heads=heads, activation=activation, radius_rule=rule).double()
+    torch.nn.init.normal_(fc.weight)
+    if rule:
+        for param in fc.rule_parameters():
+            torch.nn.init.normal_(param, std=0.5)
+    u = directions(6, 6)
+    u[-1] = u[-2]  # identical tokens
+    return fc, torch.tensor([0.0, 0.5, 4.0, 8.0, 12.0, 12.0], dtype=F64), u
+
+
 @pytest.mark.parametrize("activation", [None, "gelu"])
 @pytest.mark.parametrize("rule", [True, False])
 @pytest.mark.parametrize("heads", [None, 3])
 def test_fused_polar_fc_matches_reference_and_gradcheck(activation, rule, heads):
     torch.manual_seed(0)
     k = 1.3
-    fc = PolarFC(6, 4, k, num_heads=heads, activation=activation, radius_rule=rule).double()
-    torch.nn.init.normal_(fc.weight)
-    if rule:
-        for param in fc.rule_parameters():
-            torch.nn.init.normal_(param, std=0.5)
-    r = torch.tensor([0.0, 0.5, 4.0, 8.0, 12.0, 12.0], dtype=F64)
-    u = directions(6, 6)
-    u[-1] = u[-2]  # identical tokens
+    fc, r, u = _random_polar_fc(4, k, heads, activation, rule)
     p = PolarOps.make(r, u).requires_grad_(True)
     ref, got = fc(p, PolarOps(k)), fc(p, FusedPolarOps(k))
     assert torch.allclose(got, ref, rtol=1e-13, atol=1e-13)
@@ -392,14 +400,7 @@ def test_ambient_polar_fc_is_the_polar_one_in_ambient_coordinates_and_keeps_no_i
     backward only its inputs: nothing of the size of its output."""
     torch.manual_seed(3)
     k = 1.3
-    fc = PolarFC(6, 8, k, num_heads=2, activation=activation, radius_rule=rule).double()
-    torch.nn.init.normal_(fc.weight)
-    if rule:
-        for param in fc.rule_parameters():
-            torch.nn.init.normal_(param, std=0.5)
-    r = torch.tensor([0.0, 0.5, 4.0, 8.0, 12.0, 12.0], dtype=F64)
-    u = directions(6, 6)
-    u[-1] = u[-2]
+    fc, r, u = _random_polar_fc(8, k, 2, activation, rule)
     polar = PolarOps.make(r, u)
     ambient = AmbientOps(k).make(r, u).requires_grad_(True)
     want = AmbientOps(k).make(*PolarOps(k).polar(fc(polar, PolarOps(k))))
