@@ -247,14 +247,18 @@ class ManifoldOps(ABC):
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
         """The output points of :meth:`polar_fc` from its product ``h = W x / sqrt(k)`` ``(..., heads, d)`` (before
         the GELU when ``gelu``) and its input points ``p`` (read by the radius rule only)."""
-        offset = norm_power = None
-        if rule is not None:
-            norm_power, radius_weight, klein_weight, radius_bias = (t.to(p.dtype) for t in rule)
-            offset = radius_offset(
-                self.radius(p) / self.sqrt_k, self.klein(p) @ klein_weight.t(), radius_weight, radius_bias
-            )
+        offset, norm_power = self.radius_rule_terms(p, rule)
         out, _ = polar_fc_epilogue(h, offset, norm_power, self.sqrt_k, gelu)
         return self.make(out[..., 0], out[..., 1:])
+
+    def radius_rule_terms(self, p: Tensor, rule: Rule | None) -> tuple[Tensor | None, Tensor | None]:
+        """``(offset, beta)`` of Eq. 8's radius rule on the input points ``p``: ``offset = lambda a + varphi^T chi +
+        varphi_0`` (:func:`fused_layers.radius_offset`); ``(None, None)`` without the rule."""
+        if rule is None:
+            return None, None
+        norm_power, radius_weight, klein_weight, radius_bias = (t.to(p.dtype) for t in rule)
+        klein_term = self.klein(p) @ klein_weight.t()
+        return radius_offset(self.radius(p) / self.sqrt_k, klein_term, radius_weight, radius_bias), norm_power
 
     def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
         """Gyro layer norm (Sec. 4.4) over the tokens ``(B, N, n+1)`` of each sample: ``b (+) (gamma / sqrt(sigma^2
@@ -515,12 +519,7 @@ class AmbientOps(ManifoldOps):
         """Eq. 8's output in ambient coordinates, straight from its log-radius ``l``: ``sinh(r' / sqrt(k)) = e^l``,
         so ``x_s = sqrt(k) e^l u'`` and ``x_0 = sqrt(k) hypot(e^l, 1)`` (without the radius rule ``x_s = sqrt(k)
         h``: the ambient Lorentz linear layer, its time coordinate from the hyperboloid)."""
-        offset = norm_power = None
-        if rule is not None:
-            norm_power, radius_weight, klein_weight, radius_bias = (t.to(p.dtype) for t in rule)
-            offset = radius_offset(
-                self.radius(p) / self.sqrt_k, self.klein(p) @ klein_weight.t(), radius_weight, radius_bias
-            )
+        offset, norm_power = self.radius_rule_terms(p, rule)
         h, norm, log_radius = polar_fc_log_radius(h, offset, norm_power, gelu)
         sinh_a = torch.exp(log_radius)
         space = (self.sqrt_k * sinh_a).unsqueeze(-1) * safe_normalize(h, norm)
