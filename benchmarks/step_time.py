@@ -3,7 +3,7 @@
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile] [--device cuda]
           [--models euclidean ambient ambient-reference polar-reference polar polar-chunked] [--interleave]
           [--autocast bf16] [--inference]
-          [--models ... hypercore hexformer --hypercore DIR --hexformer DIR]
+          [--models ... hypercore hexformer --hypercore DIR --hexformer DIR] [--base REV]
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic (fused layers, ``FusedAmbientOps``; with
 the reference layers, ``ambient-reference``), Polar-ViT in polar arithmetic
@@ -24,20 +24,27 @@ Euclidean model is
 transformers' ``ViTForImageClassification`` with the same depth, width, MLP width, heads and patch
 size.  ``--autocast bf16`` runs every model's step under ``torch.autocast`` (Polar-ViT: the mixed-precision policy,
 Polar-FC products in bf16; the ViT: every linear layer in bf16).  ``--inference`` times eval-mode forward passes
-under ``torch.no_grad`` (how pipelines and ``Trainer.evaluate`` run a model) instead of training steps.  Writes
-``step_time.csv`` and ``step_time.png`` to ``--out``.
+under ``torch.no_grad`` (how pipelines and ``Trainer.evaluate`` run a model) instead of training steps.
+``--base REV`` (a git revision or a source tree) times every Polar-ViT model of ``--models`` a second time from that
+source (a temporary ``git worktree``), in the same run: with ``--interleave`` each model and its ``REV`` twin step
+in turns, and the change's effect is the median of the per-round ratios (run ``--base HEAD`` to see the
+benchmark's own spread).  Writes ``step_time.csv`` and ``step_time.png`` to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 MODELS = (
@@ -68,8 +75,68 @@ LABELS = {
 }
 
 
+PEERS = ("hypercore", "hexformer")  # the public Lorentz ViTs (benchmarks/peers.py): never timed from --base
+BASE = "@base"  # suffix of a model timed from the --base source tree
+PACKAGE_FOLDERS = ("modeling", "training", "conversion", "benchmarks")  # mapped into polar_vit_hf (setup.cfg)
+
+
+def label(name: str, args: argparse.Namespace) -> str:
+    """The table's name of ``name`` (a model of :data:`MODELS`, or one with the :data:`BASE` suffix)."""
+    model = name.removesuffix(BASE)
+    return LABELS[model] + (f" @ {args.base}" if name.endswith(BASE) else "")
+
+
+def import_package_from(tree: Path) -> None:
+    """Make ``import polar_vit_hf`` load the package of the source tree ``tree`` (its ``polar_vit_hf/`` with
+    ``modeling/``, ``training/``, ``conversion/`` and ``benchmarks/`` mapped in, as ``setup.cfg`` does), whatever
+    copy is installed: called before the first import."""
+    for finder in list(sys.meta_path):  # an editable install's finder would answer first
+        if "editable" in f"{type(finder).__module__}.{type(finder).__name__}".lower():
+            sys.meta_path.remove(finder)
+
+    def register(name: str, folder: Path) -> tuple:
+        spec = importlib.util.spec_from_file_location(
+            name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        if spec is None or spec.loader is None:
+            raise FileNotFoundError(f"{folder} is not a package folder of a polar-vit-hf source tree")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        return spec, module
+
+    package_spec, package = register("polar_vit_hf", tree / "polar_vit_hf")
+    for folder in PACKAGE_FOLDERS:
+        spec, module = register(f"polar_vit_hf.{folder}", tree / folder)
+        spec.loader.exec_module(module)
+        setattr(package, folder, module)
+    package_spec.loader.exec_module(package)
+
+
+@contextlib.contextmanager
+def source_tree(base: str) -> Iterator[Path]:
+    """The source tree of ``base``: a folder as it is, or a git revision of the current repository checked out
+    into a temporary ``git worktree`` (removed afterwards)."""
+    if Path(base, "modeling").is_dir():
+        yield Path(base).resolve()
+        return
+    with tempfile.TemporaryDirectory(prefix="polar-vit-base-") as parent:
+        tree = Path(parent) / "tree"
+        added = subprocess.run(["git", "worktree", "add", "--detach", str(tree), base], capture_output=True, text=True)
+        if added.returncode != 0:
+            reason = (added.stderr.strip().splitlines() or ["git failed"])[-1][:60]
+            raise ValueError(
+                f"--base {base}: not a source tree (a folder with modeling/) nor a git revision; {reason}"
+            )
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
+
+
 def worker(args: argparse.Namespace) -> None:
     """Time one model; prints a JSON line."""
+    if args.source:
+        import_package_from(Path(args.source))
     import torch
 
     import polar_vit_hf as P
@@ -148,6 +215,7 @@ def worker(args: argparse.Namespace) -> None:
                 "saved_mib": saved / 2**20,
                 "params": sum(p.numel() for p in model.parameters()),
                 "first_step_s": first_step_s,
+                "source": str(Path(P.modeling.__file__).resolve().parent.parent),
             }
         )
     )
@@ -247,7 +315,13 @@ def parser() -> argparse.ArgumentParser:
         "(a process that sat idle while the others stepped starts with cold caches and, on "
         "this VM, memory the kernel reclaimed; a training loop never idles between steps)",
     )
+    parser.add_argument(
+        "--base",
+        help="a git revision (or a source tree): time every Polar-ViT model of --models from it too, in the same "
+        "run, and print each one's time over its twin's (the effect of a change; --base HEAD shows the spread)",
+    )
     parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
+    parser.add_argument("--source", help=argparse.SUPPRESS)  # the worker's source tree (the --base twins)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -261,7 +335,16 @@ def main(argv: list[str] | None = None) -> int:
         if name in ("hypercore", "hexformer") and not getattr(args, name):
             print(f"--models {name} needs --{name} DIR (a checkout of the peer's repository)", file=sys.stderr)
             return 2
-    results = measure(args)
+    if args.base:
+        try:
+            with source_tree(args.base) as tree:
+                args.source_tree = tree
+                results = measure(args)
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            return 2
+    else:
+        results = measure(args)
     if results is None:
         return 1
     report(results, args)
@@ -270,19 +353,27 @@ def main(argv: list[str] | None = None) -> int:
     with open(out / "step_time.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["model", "params", "median_s", "peak_growth_mib", "saved_mib", "first_step_s"])
-        for name in args.models:
+        for name in results:
             r = results[name]
             writer.writerow(
                 [name, *(r[key] for key in ("params", "median_s", "peak_growth_mib", "saved_mib", "first_step_s"))]
             )
-    plot(results, LABELS, out / "step_time.png", args)
+    plot(results, {name: label(name, args) for name in results}, out / "step_time.png", args)
     print(f"wrote {out / 'step_time.csv'} and {out / 'step_time.png'}")
     return 0
 
 
+def timed_models(args: argparse.Namespace) -> list[str]:
+    """``--models``, each Polar-ViT model followed by its ``--base`` twin."""
+    twins = lambda name: [name, name + BASE] if args.base and name not in ("euclidean", *PEERS) else [name]  # noqa: E731
+    return [timed for name in args.models for timed in twins(name)]
+
+
 def worker_command(args: argparse.Namespace, name: str) -> list[str]:
-    """The command line of the subprocess that times ``name``."""
-    line = [sys.executable, __file__, "--model", name, "--preset", args.preset, "--batch", str(args.batch)]
+    """The command line of the subprocess that times ``name`` (a ``--base`` twin: from the base source tree)."""
+    model = name.removesuffix(BASE)
+    line = [sys.executable, __file__, "--model", model, "--preset", args.preset, "--batch", str(args.batch)]
+    line += ["--source", str(args.source_tree)] if name.endswith(BASE) else []
     line += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     line += ["--device", args.device, "--round_warmup", str(args.round_warmup), "--autocast", args.autocast]
     line += [f"--{peer}={getattr(args, peer)}" for peer in ("hypercore", "hexformer") if getattr(args, peer)]
@@ -298,7 +389,7 @@ def measure(args: argparse.Namespace) -> dict | None:
     if args.interleave:
         return interleaved(args, lambda name: worker_command(args, name), tqdm)
     results = {}
-    for name in tqdm(args.models, desc="models", unit="model"):
+    for name in tqdm(timed_models(args), desc="models", unit="model"):
         done = subprocess.run(worker_command(args, name), capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)
@@ -341,20 +432,26 @@ def report(results: dict, args: argparse.Namespace) -> None:
         if key == "median_s"
         else f"{results[name][key] / euclid[key]:>6.2f}x"
     )
-    for name in args.models:
+    for name in results:
         r = results[name]
         print(
-            f"{LABELS[name]:<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {ratio(name, 'median_s')} "
+            f"{label(name, args):<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {ratio(name, 'median_s')} "
             f"{r['peak_growth_mib']:>12.0f} MiB {ratio(name, 'peak_growth_mib')} "
             f"{r['saved_mib']:>10.0f} MiB {ratio(name, 'saved_mib')} {r['first_step_s']:>9.1f} s"
         )
     if args.interleave and euclid:
         print(
             "(interleaved: time ratios are medians of the per-round ratios; per-round ViT / model times in ms: "
-            + "; ".join(
-                f"{name} " + " ".join(f"{t * 1e3:.0f}" for t in results[name]["times"]) for name in args.models
-            )
+            + "; ".join(f"{name} " + " ".join(f"{t * 1e3:.0f}" for t in results[name]["times"]) for name in results)
             + ")"
+        )
+    for name in (name for name in results if name + BASE in results):
+        twin = results[name + BASE]
+        rounds = [t / b for t, b in zip(results[name]["times"], twin["times"])] if args.interleave else []
+        print(
+            f"{LABELS[name]}: {time_ratio(results, name, name + BASE, args.interleave):.3f}x the time of {args.base} "
+            f"({results[name]['source']} against {twin['source']}"
+            + (f"; per-round ratios {' '.join(f'{r:.3f}' for r in rounds)})" if rounds else ")")
         )
     if {"polar", "ambient"} <= set(results):
         print(f"polar / ambient: {time_ratio(results, 'polar', 'ambient', args.interleave):.2f}x")
@@ -367,10 +464,12 @@ def report(results: dict, args: argparse.Namespace) -> None:
 
 def interleaved(args: argparse.Namespace, command, tqdm) -> dict | None:
     """Start every model's process (one after another: each measures its memory alone), then time one step
-    of each in turn, ``--repeats`` rounds.  Returns the per-model results, ``times`` in round order."""
+    of each in turn, ``--repeats`` rounds, every other round in reverse order (a fixed order favours one position:
+    ``--base HEAD`` measured identical code at 0.95x its twin in all five rounds).  Returns the per-model results,
+    ``times`` in round order."""
     workers = {}
     try:
-        for name in tqdm(args.models, desc="start models", unit="model"):
+        for name in tqdm(timed_models(args), desc="start models", unit="model"):
             workers[name] = subprocess.Popen(
                 command(name), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
@@ -378,9 +477,10 @@ def interleaved(args: argparse.Namespace, command, tqdm) -> dict | None:
             if not line or not json.loads(line).get("ready"):
                 print(workers[name].stderr.read()[-3000:], file=sys.stderr)
                 return None
-        times = {name: [] for name in args.models}
-        for _ in tqdm(range(args.repeats), desc="rounds", unit="round"):
-            for name, worker in workers.items():
+        times: dict[str, list[float]] = {name: [] for name in workers}
+        for round_index in tqdm(range(args.repeats), desc="rounds", unit="round"):
+            turns = list(workers.items())  # every other round in reverse order: no model always steps first
+            for name, worker in turns[:: -1 if round_index % 2 else 1]:
                 worker.stdin.write("step\n")
                 worker.stdin.flush()
                 times[name].append(json.loads(worker.stdout.readline())["step_s"])
@@ -411,7 +511,7 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = list(results)
     palette = plt.get_cmap("tab20")
-    colors = [palette(MODELS.index(n) % palette.N) for n in names]
+    colors = [palette((2 * MODELS.index(n.removesuffix(BASE)) + n.endswith(BASE)) % palette.N) for n in names]
     for ax, key, scale, label in (
         (axes[0], "median_s", 1e3, "ms / forward (no_grad)" if args.inference else "ms / step (fwd + bwd)"),
         (axes[1], "peak_growth_mib", 1.0, "peak RSS growth (MiB)"),

@@ -52,6 +52,45 @@ def test_interleaved_step_time_reports_paired_ratios_memory_and_saved_bytes(tmp_
     assert (tmp_path / "step_time.png").stat().st_size > 0
 
 
+def test_base_times_each_polar_model_from_the_other_source_tree_side_by_side(tmp_path, capsys):
+    """``--base``: each Polar-ViT model runs a second time from the base source (a folder, or a git revision in a
+    temporary worktree that is removed afterwards), interleaved with this tree's, and the change's ratio is printed."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from polar_vit_hf.benchmarks import step_time
+
+    repo = Path(step_time.__file__).resolve().parents[1]
+    base = tmp_path / "base-tree"
+    for folder in ("polar_vit_hf", *step_time.PACKAGE_FOLDERS):
+        shutil.copytree(repo / folder, base / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    argv = ["--models", "euclidean", "polar-eager", "--batch", "2", "--repeats", "2", "--warmup", "1"]
+    argv += ["--threads", "1", "--interleave", "--out", str(tmp_path / "out")]
+    assert step_time.main([*argv, "--base", str(base)]) == 0
+    out = capsys.readouterr().out
+    assert f"Polar-ViT, fused, no compiled kernels @ {base}" in out
+    line = next(line for line in out.splitlines() if "x the time of" in line)
+    ratio, head_source, base_source, rounds = re.search(
+        r"([\d.]+)x the time of .* \((\S+) against (\S+); per-round ratios ([\d. ]+)\)", line
+    ).groups()
+    assert Path(head_source) == repo and Path(base_source) == base.resolve()
+    per_round = [float(r) for r in rounds.split()]
+    assert len(per_round) == 2 and abs(float(ratio) - sorted(per_round)[0] / 2 - sorted(per_round)[1] / 2) < 2e-3
+    with open(tmp_path / "out" / "step_time.csv") as handle:
+        assert [row["model"] for row in csv.DictReader(handle)] == ["euclidean", "polar-eager", "polar-eager@base"]
+
+    worktrees = ["git", "-C", str(repo), "worktree", "list"]
+    before = subprocess.run(worktrees, capture_output=True, text=True).stdout
+    assert step_time.main([*argv[:-2], "--out", str(tmp_path / "git"), "--base", "HEAD"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "x the time of HEAD" in line)
+    worktree = Path(re.search(r"against (\S+);", line).group(1))
+    assert worktree != repo and not worktree.exists()  # checked out for the run, removed after it
+    assert subprocess.run(worktrees, capture_output=True, text=True).stdout == before
+    assert step_time.main([*argv, "--base", "no-such-revision"]) == 2
+    assert "--base no-such-revision: not a source tree" in capsys.readouterr().err
+
+
 def test_inference_times_forward_passes_and_saves_nothing_for_backward(tmp_path, capsys):
     from polar_vit_hf.benchmarks import step_time
 
