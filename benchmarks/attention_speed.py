@@ -1,6 +1,7 @@
 """Polar attention cost: eager vs chunked vs Triton vs Euclidean SDPA, forward + backward.
 
 Run:  python benchmarks/attention_speed.py [--device cpu|cuda] [--sizes 64 128 ... 4096] [--check]
+      python benchmarks/attention_speed.py --sharpness [--repeats 7]
 
 For each sequence length N and implementation, one forward + backward of the attention core on
 ``(batch, heads, N, head_dim)`` inputs (default 1 x 4 x N x 16 on CPU, 8 x 12 x N x 64 on CUDA)
@@ -27,20 +28,20 @@ from pathlib import Path
 IMPLS = ("eager", "chunked", "triton", "sdpa")
 
 
-def make_inputs(batch, heads, n, dim, device, dtype=None, seed=0):
+def make_inputs(batch, heads, n, dim, device, dtype=None, seed=0, rmax=3.0, scale=None):
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dtype = dtype or torch.float32
 
     def points():
-        r = 3.0 * torch.rand(batch, heads, n, generator=gen)
+        r = rmax * torch.rand(batch, heads, n, generator=gen)
         u = torch.nn.functional.normalize(torch.randn(batch, heads, n, dim, generator=gen), dim=-1)
         return r.to(device, dtype), u.to(device, dtype)
 
     (rq, uq), (rk, uk), (rv, uv) = points(), points(), points()
-    scale = torch.full((heads,), dim**-0.5, dtype=dtype, device=device)
-    return [t.requires_grad_(True) for t in (rq, uq, rk, uk, rv, uv, scale)]
+    scales = torch.full((heads,), dim**-0.5 if scale is None else scale, dtype=dtype, device=device)
+    return [t.requires_grad_(True) for t in (rq, uq, rk, uk, rv, uv, scales)]
 
 
 def step_fn(impl, inputs):
@@ -100,6 +101,36 @@ def measure(impl, batch, heads, n, dim, device, repeats):
     return statistics.median(times), peak
 
 
+SHARPNESS_CASES = {"generic": (1.0, None), "sharp": (8.0, 1.0)}  # (largest radius, scale; None: d^-1/2)
+
+
+def sharpness(repeats: int, batch: int = 64, heads: int = 12, n: int = 64, dim: int = 16) -> None:
+    """Print the fused core's forward + backward time on generic and sharp inputs (:data:`SHARPNESS_CASES`), with
+    the share of softmax weights below ``sqrt(tiny)`` (``exp(-43.7)`` in float32)."""
+    import math
+
+    import torch
+
+    from polar_vit_hf.modeling.geometry import pairwise_sq_distance
+
+    print(f"\nfused polar attention, forward + backward, {batch} x {heads} x {n} x {dim}, median of {repeats}")
+    print(f"{'inputs':<10}{'ms':>10}{'weights < 1e-19':>18}")
+    for name, (rmax, scale) in SHARPNESS_CASES.items():
+        inputs = make_inputs(batch, heads, n, dim, "cpu", rmax=rmax, scale=scale)
+        run = step_fn("fused", inputs)
+        run()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        with torch.no_grad():
+            scores = inputs[6].view(-1, 1, 1) * pairwise_sq_distance(*inputs[:4], 1.0)
+            gap = scores - scores.amin(-1, keepdim=True)  # -log of the unnormalised weight
+            tiny = (gap > -0.5 * math.log(torch.finfo(torch.float32).tiny)).float().mean().item()
+        print(f"{name:<10}{statistics.median(times) * 1e3:>10.1f}{tiny:>17.0%}")
+
+
 def check(device: str, dims=(16, 32, 64)) -> None:
     """Triton (where usable) and chunked against the float64 eager reference."""
     import torch
@@ -145,8 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--check-dims", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--out", default="outputs/attention")
+    parser.add_argument("--sharpness", action="store_true", help="the fused core on generic and sharp inputs")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: "impl,n" measured in this process
     args = parser.parse_args(argv)
+    if args.sharpness:
+        import torch
+
+        torch.manual_seed(0)
+        sharpness(args.repeats)
+        return 0
     cuda = args.device == "cuda"
     batch = args.batch or (8 if cuda else 1)
     heads = args.heads or (12 if cuda else 4)

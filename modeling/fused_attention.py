@@ -28,7 +28,7 @@ from .ambient import (
 from .cpu_kernels import first_order, opaque_to_torch_compile, run_maybe_compiled
 from .geometry import centroid_radius
 from .runtime import runtime_options
-from .stable_math import distance_slope, kernel_acosh, safe_normalize, sinh_cosh
+from .stable_math import distance_slope, exp_weights, kernel_acosh, safe_normalize, sinh_cosh
 
 CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
 
@@ -250,7 +250,7 @@ def _attention_group_forward(rows: GroupRows) -> tuple[Tensor, Tensor, Tensor, T
     pass, no ``logsumexp``)."""
     w = scaled_distances(pair_chords(rows.uq, rows.uk_t), rows).w
     w_min_sq = w.amin(-1, keepdim=True).square()  # the largest score is -w_min^2
-    probs = torch.exp(w_min_sq - w.square())
+    probs = exp_weights(w_min_sq - w.square())
     total = probs.sum(-1, keepdim=True)
     sums = torch.bmm(probs, value_operand(rows)) / total  # (G, N, d+2): T, E, V
     v_norm = torch.linalg.vector_norm(sums[..., 2:], dim=-1)
@@ -284,7 +284,7 @@ def _attention_group_backward(
     # recompute Eq. 5 and the probabilities from the saved log-sum-exp
     chord = pair_chords(uq, rows.uk_t)
     d = scaled_distances(chord, rows)
-    probs = torch.exp(-saved.lse.unsqueeze(-1) - d.w.square())
+    probs = exp_weights(-saved.lse.unsqueeze(-1) - d.w.square())
     sinh_x = torch.addcdiv(0.5 * d.t, 0.5 * d.t, 1.0 + d.t).copysign_(d.diff)  # sinh(a_i - b_j)
     v_bar = _centre(uv)
     centred_v = uv - v_bar
@@ -503,7 +503,7 @@ def _ambient_group_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k:
     d+1))``, ``sums = P v`` before the Lorentz normalisation."""
     logits = -scale * ambient_scores(q, keys, k).sq_dist
     top = logits.amax(-1, keepdim=True)
-    probs = torch.exp(logits - top)
+    probs = exp_weights(logits - top)
     total = probs.sum(-1, keepdim=True)
     return (torch.log(total) + top).squeeze(-1), torch.bmm(probs, v) / total
 
@@ -514,7 +514,7 @@ def _ambient_group_backward(
     """Backward of :class:`FusedAmbientAttention` on one group (formulas in its docstring): gradients of ``(q, keys,
     v)`` and the per-slice scale gradient ``(G,)``."""
     scores = ambient_scores(q, keys, k)
-    probs = torch.exp(-scale * scores.sq_dist - lse.unsqueeze(-1))
+    probs = exp_weights(-scale * scores.sq_dist - lse.unsqueeze(-1))
     g_sums = lorentz_normalize_backward(sums, grad, k)
     g_probs = g_sums @ v.transpose(-1, -2)
     g_logits = probs * (g_probs - (probs * g_probs).sum(-1, keepdim=True))

@@ -45,6 +45,7 @@ __all__ = [
     "cosh_minus_one",
     "cosh_sinhc_sq",
     "distance_slope",
+    "exp_weights",
     "kernel_acosh",
     "kernel_log1p",
     "perp",
@@ -56,6 +57,21 @@ __all__ = [
     "sinh_cosh_smooth",
     "sinhc_sq",
 ]
+
+
+def exp_weights(x: Tensor) -> Tensor:
+    """``exp(x)`` of the softmax exponents ``x <= 0`` of the attention kernels, exactly zero below ``sqrt(tiny)``
+    (``x < ln(tiny) / 2``: ``-43.7`` in float32, ``-354`` in float64).
+
+    Far pairs of sharp attention give weights of ``1e-30`` and less; their products with gradients or distances
+    fall below ``tiny`` (``1.2e-38`` in float32), into subnormal numbers, on which x86 arithmetic runs up to 100x
+    slower (the fused core at tiny-cifar's shape, half its weights that small: 2.3x slower,
+    ``benchmarks/attention_speed.py --sharpness``).  A weight below ``sqrt(tiny)`` moves a softmax-weighted sum
+    of ``M`` terms, whose largest weight is ``>= 1/M``, by less than ``M^2 sqrt(tiny)`` relative (``4e-16`` at
+    ``M = 64`` in float32): far below the rounding of the sum, so as an exact zero it changes no result.
+    """
+    cutoff = 0.5 * math.log(torch.finfo(x.dtype).tiny)
+    return torch.where(x < cutoff, 0.0, torch.exp(x.clamp_min(cutoff)))  # exp never rounds to a subnormal
 
 
 def kernel_log1p(x: Tensor) -> Tensor:

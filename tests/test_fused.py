@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers import EDGE_CASES, SWITCHES, check, directions, make_inputs, radii
 from torch.autograd import gradcheck
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import polar_vit_hf as P
 from polar_vit_hf.modeling import fused_layers
@@ -28,6 +29,7 @@ from polar_vit_hf.modeling.stable_math import (
     asinh_exp,
     asinh_sqrt_half,
     cosh_minus_one,
+    exp_weights,
     kernel_acosh,
     kernel_log1p,
     sinh_cosh,
@@ -75,6 +77,54 @@ def test_scalar_helpers_match_torch_in_float64_and_float32():
 def test_fused_attention_matches_float64_reference(case, rmax):
     stored = make_inputs(n_q=17, n_k=19, rmax=rmax, case=case, seed=int(rmax))
     check(stored, lambda *a: fused_polar_attention(*a))
+
+
+class SubnormalResults(TorchDispatchMode):
+    """Records every operator whose float32 result holds a subnormal number (``0 < |x| < tiny``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        tiny = torch.finfo(torch.float32).tiny
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel():
+                magnitude = t.detach().abs()
+                if bool(((magnitude > 0) & (magnitude < tiny)).any()):
+                    self.found.append(str(func))
+        return out
+
+
+def test_exp_weights_are_exact_zeros_below_the_root_of_tiny():
+    x = torch.tensor([0.0, -43.0, -44.0, -88.0, -100.0, float("-inf")])
+    assert torch.equal(exp_weights(x), torch.exp(x) * (x >= 0.5 * math.log(torch.finfo(torch.float32).tiny)))
+    assert exp_weights(x)[1] == math.exp(-43.0) and exp_weights(x.double())[3] == math.exp(-88.0)
+    with SubnormalResults() as mode:
+        torch.exp(x)  # the bare exponential: subnormal weights
+    assert mode.found == ["aten.exp.default"]
+
+
+@pytest.mark.parametrize("ambient", [False, True])
+def test_sharp_attention_computes_no_subnormal_number(ambient):
+    """Far pairs of sharp attention get softmax weights below ``sqrt(tiny)`` (:func:`stable_math.exp_weights` makes
+    them exact zeros): no operation of the attention core's forward or backward, the functions its compiled kernels
+    run, makes a float32 subnormal number (x86 arithmetic on them is up to 100x slower)."""
+    rq, uq, rk, uk, rv, uv, _ = make_inputs(batch=2, heads=2, n_q=24, n_k=24, rmax=8.0, seed=3)
+    scale = torch.ones(2)  # most far pairs below 1e-19
+    if ambient:
+        args = [P.geometry.to_ambient(r.double(), u.double()).float() for r, u in ((rq, uq), (rk, uk), (rv, uv))]
+    else:
+        args = [rq, uq, rk, uk, rv, uv]
+    args = [t.requires_grad_(True) for t in args]
+    attention = fused_ambient_attention if ambient else fused_polar_attention
+    with use_runtime_options(cpu_kernels=False), SubnormalResults() as mode:
+        outputs = attention(*args, scale)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        loss = sum((t * torch.linspace(-1, 1, t.numel()).view_as(t)).sum() for t in outputs)
+        torch.autograd.grad(loss, args)
+    assert mode.found == []
 
 
 @pytest.mark.parametrize("dim", [16, 64])
