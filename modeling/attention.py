@@ -33,7 +33,6 @@ from .geometry import (
     sq_distance_from_c,
 )
 from .runtime import runtime_options
-from .stable_math import exp_weights
 from .triton_attention import TRITON_AVAILABLE, triton_polar_attention
 
 DEFAULT_BLOCK = 128
@@ -143,7 +142,7 @@ class _ChunkedPolarAttention(torch.autograd.Function):
             scores = -scale_v * sq_distance_from_c(c, k)
             m_new = torch.maximum(m, scores.amax(-1))
             alpha = torch.exp(m - m_new)
-            e = exp_weights(scores - m_new.unsqueeze(-1))
+            e = torch.exp(scores - m_new.unsqueeze(-1))
             w = e * sinh_b[:, :, None, blk]
             norm = norm * alpha + e.sum(-1)
             big_t = big_t * alpha + (e * cosh_b[:, :, None, blk]).sum(-1)
@@ -185,7 +184,7 @@ class _ChunkedPolarAttention(torch.autograd.Function):
             """Recompute one key block: probabilities and dL/dp (``g_S = g_E`` by Eq. 22)."""
             c, chord_qk = _haversine_block(a_q, uq, a_k[:, :, blk], uk[:, :, blk])
             d2 = sq_distance_from_c(c, k)
-            p = exp_weights(-scale_v * d2 - m.unsqueeze(-1)) / norm.unsqueeze(-1)
+            p = torch.exp(-scale_v * d2 - m.unsqueeze(-1)) / norm.unsqueeze(-1)
             chord_v = pairwise_chord(u_hat, uv[:, :, blk])
             sb, cb, eb = sinh_b[:, :, None, blk], cosh_b[:, :, None, blk], exp_b[:, :, None, blk]
             gv_dot = g_v @ uv[:, :, blk].transpose(-1, -2)  # (B, H, Nq, bk)
