@@ -106,12 +106,11 @@ SHARPNESS_CASES = {"generic": (1.0, None), "sharp": (8.0, 1.0)}  # (largest radi
 
 def sharpness(repeats: int, batch: int = 64, heads: int = 12, n: int = 64, dim: int = 16) -> None:
     """Print the fused core's forward + backward time on generic and sharp inputs (:data:`SHARPNESS_CASES`), with
-    the share of softmax weights below ``sqrt(tiny)`` (``exp(-43.7)`` in float32)."""
-    import math
-
+    the share of softmax weights below ``sqrt(tiny)`` (:func:`stable_math.weight_cutoff`)."""
     import torch
 
     from polar_vit_hf.modeling.geometry import pairwise_sq_distance
+    from polar_vit_hf.modeling.stable_math import weight_cutoff
 
     print(f"\nfused polar attention, forward + backward, {batch} x {heads} x {n} x {dim}, median of {repeats}")
     print(f"{'inputs':<10}{'ms':>10}{'weights < 1e-19':>18}")
@@ -127,7 +126,7 @@ def sharpness(repeats: int, batch: int = 64, heads: int = 12, n: int = 64, dim: 
         with torch.no_grad():
             scores = inputs[6].view(-1, 1, 1) * pairwise_sq_distance(*inputs[:4], 1.0)
             gap = scores - scores.amin(-1, keepdim=True)  # -log of the unnormalised weight
-            tiny = (gap > -0.5 * math.log(torch.finfo(torch.float32).tiny)).float().mean().item()
+            tiny = (gap > -weight_cutoff(torch.float32)).float().mean().item()
         print(f"{name:<10}{statistics.median(times) * 1e3:>10.1f}{tiny:>17.0%}")
 
 

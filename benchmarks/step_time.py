@@ -149,7 +149,7 @@ def worker(args: argparse.Namespace) -> None:
     name = args.model.removesuffix("-compiled")
     if name == "euclidean":
         model = euclidean_vit(config)
-    elif args.model in ("hypercore", "hexformer"):
+    elif args.model in PEERS:
         from polar_vit_hf.benchmarks.peers import peer_classifier
 
         model = peer_classifier(args.model, Path(getattr(args, args.model)), config)
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
     for name in args.models:
-        if name in ("hypercore", "hexformer") and not getattr(args, name):
+        if name in PEERS and not getattr(args, name):
             print(f"--models {name} needs --{name} DIR (a checkout of the peer's repository)", file=sys.stderr)
             return 2
     if args.base:
@@ -376,7 +376,7 @@ def worker_command(args: argparse.Namespace, name: str) -> list[str]:
     line += ["--source", str(args.source_tree)] if name.endswith(BASE) else []
     line += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     line += ["--device", args.device, "--round_warmup", str(args.round_warmup), "--autocast", args.autocast]
-    line += [f"--{peer}={getattr(args, peer)}" for peer in ("hypercore", "hexformer") if getattr(args, peer)]
+    line += [f"--{peer}={getattr(args, peer)}" for peer in PEERS if getattr(args, peer)]
     line += ["--inference"] if args.inference else []
     return line + (["--compile"] if args.compile else []) + (["--serve"] if args.interleave else [])
 

@@ -46,6 +46,7 @@ __all__ = [
     "cosh_sinhc_sq",
     "distance_slope",
     "exp_weights",
+    "weight_cutoff",
     "kernel_acosh",
     "kernel_log1p",
     "perp",
@@ -59,9 +60,15 @@ __all__ = [
 ]
 
 
+def weight_cutoff(dtype: torch.dtype) -> float:
+    """``ln(tiny) / 2`` of ``dtype`` (``-43.7`` in float32, ``-354`` in float64): the softmax exponent below which
+    :func:`exp_weights` is zero, the weight ``sqrt(tiny)``."""
+    return 0.5 * math.log(torch.finfo(dtype).tiny)
+
+
 def exp_weights(x: Tensor) -> Tensor:
     """``exp(x)`` of the softmax exponents ``x <= 0`` of the attention kernels, exactly zero below ``sqrt(tiny)``
-    (``x < ln(tiny) / 2``: ``-43.7`` in float32, ``-354`` in float64).
+    (``x <`` :func:`weight_cutoff`).
 
     Far pairs of sharp attention give weights of ``1e-30`` and less; their products with gradients or distances
     fall below ``tiny`` (``1.2e-38`` in float32), into subnormal numbers, on which x86 arithmetic runs up to 100x
@@ -70,7 +77,7 @@ def exp_weights(x: Tensor) -> Tensor:
     of ``M`` terms, whose largest weight is ``>= 1/M``, by less than ``M^2 sqrt(tiny)`` relative (``4e-16`` at
     ``M = 64`` in float32): far below the rounding of the sum, so as an exact zero it changes no result.
     """
-    cutoff = 0.5 * math.log(torch.finfo(x.dtype).tiny)
+    cutoff = weight_cutoff(x.dtype)
     return torch.where(x < cutoff, 0.0, torch.exp(x.clamp_min(cutoff)))  # exp never rounds to a subnormal
 
 
