@@ -10,19 +10,27 @@ compiled CPU kernels compile in the first), then one profiled forward + backward
 * the forward time per layer kind (Polar-FC, attention, gyro norm, residual, position encoding, embeddings,
   head), from ``record_function`` ranges around each module's forward (outermost module of a kind only), and
   the backward in all (the operators whose names mark them as backward nodes);
-* the compiled CPU kernels' time per fused layer Function, forward and backward nodes apart.
+* the compiled CPU kernels' time per fused layer Function, forward and backward nodes apart;
+* without the profiler (whose per-call overhead makes many small eager calls look dear), the wall clock of every
+  fused layer Function over ``--wall_steps`` steps, split into its compiled kernels, the Polar-FC's matrix
+  products and the rest (eager operations and Python), and the time outside the Functions (:func:`wall_table`).
 
-Writes ``operators.csv``, ``layers.csv``, ``kernels.csv``, a Chrome trace (``trace.json``) and ``layers.png``.
+Writes ``operators.csv``, ``layers.csv``, ``kernels.csv``, ``wall.csv``, a Chrome trace (``trace.json``) and
+``layers.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
+import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -110,6 +118,105 @@ def kernel_table(events) -> dict[str, tuple[float, int]]:
     return totals
 
 
+class WallRow(NamedTuple):
+    """Wall milliseconds of one fused layer Function per step (``forward`` or its ``Backward``): in all, in its
+    compiled kernels, in the Polar-FC's matrix products (``fused_layers.policy_matmul``)."""
+
+    wall: float
+    kernels: float
+    products: float
+
+
+def fused_functions() -> list[type[torch.autograd.Function]]:
+    """The fused layers' autograd Functions, as their modules define them."""
+    from polar_vit_hf.modeling import cpu_kernels, fused_attention, fused_gyro_norm, fused_layers
+
+    return [
+        value
+        for module in (fused_attention, fused_layers, fused_gyro_norm, cpu_kernels)
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, torch.autograd.Function)
+        and value.__module__ == module.__name__
+        and value is not torch.autograd.Function
+    ]
+
+
+@contextlib.contextmanager
+def timed_functions(totals: dict[str, list[float]]) -> Iterator[None]:
+    """Inside: every fused Function's ``forward`` and ``backward`` adds its wall seconds to ``totals[name][0]``
+    (``name`` the Function, ``name + "Backward"`` its backward), the compiled kernel calls and the Polar-FC products
+    it makes to ``[1]`` and ``[2]``.  Perf-counter wrappers only: a few hundred calls per step, no profiler."""
+    from polar_vit_hf.modeling import cpu_kernels, fused_layers
+
+    running: list[str] = []
+
+    def charge(slot: int, call: Callable, name: str | None = None) -> Callable:
+        def timed(*args: object, **kwargs: object) -> object:
+            owner = name or (running[-1] if running else None)
+            if name:
+                running.append(name)
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                if name:
+                    running.pop()
+                if owner is not None:
+                    totals.setdefault(owner, [0.0, 0.0, 0.0])[slot] += time.perf_counter() - start
+
+        return timed
+
+    patched: list[tuple[object, str, object]] = []
+
+    def patch(owner: object, attribute: str, value: object) -> None:
+        patched.append(
+            (owner, attribute, vars(owner)[attribute] if isinstance(owner, type) else getattr(owner, attribute))
+        )
+        setattr(owner, attribute, value)
+
+    for function in fused_functions():
+        for kind, suffix in (("forward", ""), ("backward", "Backward")):
+            method = vars(function)[kind]
+            patch(function, kind, staticmethod(charge(0, method.__func__, function.__name__ + suffix)))
+    patch(cpu_kernels.PersistentKernel, "__call__", charge(1, cpu_kernels.PersistentKernel.__call__))
+    patch(fused_layers, "policy_matmul", charge(2, fused_layers.policy_matmul))
+    try:
+        yield
+    finally:
+        for owner, attribute, value in reversed(patched):
+            setattr(owner, attribute, value)
+
+
+def wall_table(step: Callable[[], None], steps: int) -> tuple[float, dict[str, WallRow]]:
+    """``(step ms, {Function: WallRow})``, each the median over ``steps`` timed steps."""
+    per_step: list[tuple[float, dict[str, list[float]]]] = []
+    for _ in range(steps):
+        totals: dict[str, list[float]] = {}
+        with timed_functions(totals):
+            start = time.perf_counter()
+            step()
+            per_step.append((time.perf_counter() - start, totals))
+    names = {name for _, totals in per_step for name in totals}
+    median = lambda values: 1e3 * statistics.median(values)  # noqa: E731 - seconds -> ms
+    rows = {
+        name: WallRow(*(median([totals.get(name, [0.0] * 3)[slot] for _, totals in per_step]) for slot in range(3)))
+        for name in names
+    }
+    return median([seconds for seconds, _ in per_step]), rows
+
+
+def print_wall_table(step_ms: float, rows: dict[str, WallRow], steps: int) -> None:
+    """The :func:`wall_table` as text: Functions by wall time, then what lies outside them."""
+    print(f"\nwall clock without the profiler, median of {steps} steps: {step_ms:.0f} ms per step")
+    print(f"{'fused layer Function':<36} {'wall ms':>9} {'kernels':>9} {'products':>9} {'rest':>9}")
+    for name, row in sorted(rows.items(), key=lambda item: -item[1].wall):
+        rest = row.wall - row.kernels - row.products
+        print(f"{name:<36} {row.wall:>9.1f} {row.kernels:>9.1f} {row.products:>9.1f} {rest:>9.1f}")
+    inside = sum(row.wall for row in rows.values())
+    print(f"{'outside the fused Functions':<36} {step_ms - inside:>9.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny-cifar")
@@ -117,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=("polar", "ambient", "euclidean"), default="polar")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--wall_steps", type=int, default=5, help="steps of the wall-clock table (0: none)")
     parser.add_argument("--out", type=Path, default=Path("outputs/profile_step"))
     args = parser.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
@@ -182,8 +290,16 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.writer(handle)
         writer.writerow(["fused_layer", "kernel_ms", "calls"])
         writer.writerows((name, ms, calls) for name, (ms, calls) in kernels.items())
+    if args.wall_steps > 0 and args.model != "euclidean":
+        step_ms, wall = wall_table(step, args.wall_steps)
+        print_wall_table(step_ms, wall, args.wall_steps)
+        with open(args.out / "wall.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["function", "wall_ms", "kernel_ms", "product_ms"])
+            writer.writerows((name, *row) for name, row in sorted(wall.items()))
     plot(layers, args.out / "layers.png", f"{args.model} forward, batch {args.batch}")
-    print(f"wrote {args.out}/operators.csv, layers.csv, kernels.csv, trace.json, layers.png")
+    wall_csv = " wall.csv," if (args.out / "wall.csv").exists() else ""
+    print(f"wrote {args.out}/operators.csv, layers.csv, kernels.csv,{wall_csv} trace.json, layers.png")
     return 0
 
 

@@ -244,11 +244,12 @@ class PersistentKernel:
     kept in :func:`kernel_cache_dir` and guarded by what it was compiled for (dtypes, ranks, which arguments
     are ``None``, shape relations).
 
-    A call runs the first variant whose guards accept the arguments; if none does, it compiles a new one from
-    the arguments (``dynamic=True``: any sizes of the same kind) and saves it.  The first call in a process loads
-    the saved variants of the same function, the same source code of this package and the same torch: no tracing,
-    no compile.  Where a function cannot be compiled ahead of time (or the cache is off) it runs through
-    ``torch.compile`` as usual (inductor's own caches then apply).
+    A call runs the first loaded variant whose guards accept the arguments; if none does, it loads saved variants
+    of the same function, the same source code of this package and the same torch, the most recently used first,
+    until one does (no tracing, no compile; only the variants a process's calls need); if none does, it compiles a
+    new one from the arguments (``dynamic=True``: any sizes of the same kind) and saves it.  Where a function
+    cannot be compiled ahead of time (or the cache is off) it runs through ``torch.compile`` as usual (inductor's
+    own caches then apply).
     """
 
     def __init__(self, fn: Callable) -> None:
@@ -257,15 +258,15 @@ class PersistentKernel:
         self.variants: list[Any] = []
         self.loaded: set[str] = set()  # the files of the folder already loaded (or unreadable)
         self.jit: Callable | None = None
-        self.compiles = 0  # variants this process compiled (the others came from the cache)
+        self.compiles = 0  # variants this process compiled
+        self.loads = 0  # variants this process loaded from the cache
         self.lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         with self.lock:
             variant = self._matching(args)
             if variant is None and self.jit is None and self.folder is not None:
-                self.variants += _load_variants(self.folder, getattr(self.fn, "__globals__", None), self.loaded)
-                variant = self._matching(args)  # saved by an earlier or a parallel process
+                variant = self._load_matching(args)  # saved by an earlier or a parallel process
                 if variant is None:
                     variant = _compile_variant(self.fn, args, self.folder, self.loaded)
                     if variant is not None:
@@ -274,6 +275,25 @@ class PersistentKernel:
             if variant is None and self.jit is None:
                 self.jit = torch.compile(self.fn, dynamic=True, fullgraph=True, options=kernel_options(self.fn))
         return variant.fn(*args) if variant is not None else self.jit(*args)  # type: ignore[misc]
+
+    def _load_matching(self, args: tuple) -> Any | None:
+        """Load the saved variants not yet loaded, the most recently used first, until one accepts ``args``
+        (marked used: the next process tries it first); ``None`` if none does.  A process loads the variants its
+        calls need, not every one the folder gathered (each costs tens of milliseconds)."""
+        assert self.folder is not None
+        f_globals = getattr(self.fn, "__globals__", None)
+        if f_globals is not None:
+            _install_module_aliases(f_globals)
+        for path in _unloaded_files(self.folder, self.loaded):
+            variant = _load_variant(path, f_globals, self.loaded)
+            if variant is None:
+                continue
+            self.variants.append(variant)
+            self.loads += 1
+            if variant.guard_check(*args):
+                _mark_used(path)
+                return variant
+        return None
 
     def _matching(self, args: tuple) -> Any | None:
         """The first variant whose guards accept ``args``."""
@@ -314,23 +334,37 @@ def _variants_folder(fn: Callable) -> Path | None:
     return root / key
 
 
-def _load_variants(folder: Path, f_globals: dict[str, Any] | None, loaded: set[str]) -> list[Any]:
-    """The variants saved in ``folder`` whose files are not in ``loaded`` (which gains them), their code bound
-    to the function's module globals ``f_globals``; a file that does not load (truncated, from another build)
-    is removed and compiled again when needed."""
-    if f_globals is not None:
-        _install_module_aliases(f_globals)
-    variants = []
-    for path in sorted(folder.glob("*.bin")) if folder.is_dir() else ():
-        if path.name in loaded:
-            continue
-        loaded.add(path.name)
+def _unloaded_files(folder: Path, loaded: set[str]) -> list[Path]:
+    """The variant files of ``folder`` not in ``loaded``, the most recently used first."""
+    paths = [path for path in folder.glob("*.bin") if path.name not in loaded] if folder.is_dir() else []
+    stamps = {}
+    for path in paths:
         try:
-            with open(path, "rb") as handle:
-                variants.append(torch.compiler.load_compiled_function(handle, f_globals=f_globals))
-        except Exception:  # noqa: BLE001 - an unreadable variant is compiled again
-            path.unlink(missing_ok=True)
-    return variants
+            stamps[path] = path.stat().st_mtime_ns
+        except OSError:  # removed by a parallel process
+            stamps[path] = -1
+    return sorted(paths, key=lambda path: (-stamps[path], path.name))
+
+
+def _mark_used(path: Path) -> None:
+    """Stamp a variant file as just used (its modification time), where the cache is writable."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _load_variant(path: Path, f_globals: dict[str, Any] | None, loaded: set[str]) -> Any | None:
+    """The variant saved in ``path`` (its name added to ``loaded``), its code bound to the function's module
+    globals ``f_globals`` (given :func:`_install_module_aliases`); a file that does not load (truncated, from
+    another build) is removed and ``None`` returned: the variant is compiled again when needed."""
+    loaded.add(path.name)
+    try:
+        with open(path, "rb") as handle:
+            return torch.compiler.load_compiled_function(handle, f_globals=f_globals)
+    except Exception:  # noqa: BLE001 - an unreadable variant is compiled again
+        path.unlink(missing_ok=True)
+        return None
 
 
 def _install_module_aliases(f_globals: dict[str, Any]) -> None:

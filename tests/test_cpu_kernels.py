@@ -395,6 +395,13 @@ def test_a_kernel_compiles_one_variant_per_kind_of_arguments(kernels_on, tmp_pat
         assert torch.allclose(out, FL._boost_residual_forward(x, f, alpha, strength, 1.0), rtol=1e-6, atol=1e-6)
     folders = {path.parent for path in tmp_path.rglob("*.bin")}
     assert len(folders) == 1 and len(list(next(iter(folders)).glob("*.bin"))) == 2
+    # a new process loads the variants its calls need, the most recently used first: the call without a strength
+    # tries the newer variant (with one) first, then the one it needs, which the next process then tries first
+    with torch.no_grad():
+        for expected_loads in (2, 1):
+            fresh = cpu_kernels.PersistentKernel(FL._boost_residual_forward)
+            assert torch.equal(fresh(x, f, alpha, None, 1.0), kernel(x, f, alpha, None, 1.0))
+            assert (fresh.loads, fresh.compiles) == (expected_loads, 0)
 
 
 def test_kernel_cache_keys_name_the_function_and_its_bound_constants(monkeypatch, tmp_path):

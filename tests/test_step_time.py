@@ -117,6 +117,13 @@ def test_the_step_profile_prints_operators_and_layer_kinds(tmp_path, capsys):
     assert all(ms > 0 for ms in kinds.values())
     assert (tmp_path / "trace.json").stat().st_size > 0 and (tmp_path / "layers.png").stat().st_size > 0
     assert (tmp_path / "kernels.csv").read_text().startswith("fused_layer,kernel_ms,calls")
+    # the wall clock without the profiler: every fused Function's time, its Polar-FC products inside it
+    assert "wall clock without the profiler" in printed and "outside the fused Functions" in printed
+    with open(tmp_path / "wall.csv") as handle:
+        wall = {row["function"]: row for row in csv.DictReader(handle)}
+    assert {"FusedPolarFC", "FusedPolarFCBackward", "FusedPolarAttention", "FusedPolarAttentionBackward"} <= set(wall)
+    for name in ("FusedPolarFC", "FusedPolarFCBackward"):
+        assert float(wall[name]["wall_ms"]) > float(wall[name]["product_ms"]) > 0
 
 
 def test_the_step_profile_attributes_compiled_kernels_to_their_fused_layer():
