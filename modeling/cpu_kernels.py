@@ -47,6 +47,7 @@ __all__ = [
     "inductor_options",
     "kernel_options",
     "PersistentKernel",
+    "argument_kinds",
     "kernel",
     "kernel_cache_dir",
     "opaque_to_torch_compile",
@@ -277,14 +278,15 @@ class PersistentKernel:
         return variant.fn(*args) if variant is not None else self.jit(*args)  # type: ignore[misc]
 
     def _load_matching(self, args: tuple) -> Any | None:
-        """Load the saved variants not yet loaded, the most recently used first, until one accepts ``args``
-        (marked used: the next process tries it first); ``None`` if none does.  A process loads the variants its
-        calls need, not every one the folder gathered (each costs tens of milliseconds)."""
+        """Load the saved variants not yet loaded, those compiled for the same :func:`argument_kinds` first, each
+        group the most recently used first, until one accepts ``args`` (marked used: the next process tries it
+        first); ``None`` if none does.  A process loads the variants its calls need, not every one the folder
+        gathered (each costs tens of milliseconds)."""
         assert self.folder is not None
         f_globals = getattr(self.fn, "__globals__", None)
         if f_globals is not None:
             _install_module_aliases(f_globals)
-        for path in _unloaded_files(self.folder, self.loaded):
+        for path in _unloaded_files(self.folder, self.loaded, argument_kinds(args)):
             variant = _load_variant(path, f_globals, self.loaded)
             if variant is None:
                 continue
@@ -334,8 +336,32 @@ def _variants_folder(fn: Callable) -> Path | None:
     return root / key
 
 
-def _unloaded_files(folder: Path, loaded: set[str]) -> list[Path]:
-    """The variant files of ``folder`` not in ``loaded``, the most recently used first."""
+def argument_kinds(args: tuple) -> str:
+    """A short digest of what a variant's guards check first and a call can tell cheaply: each tensor argument's
+    dtype, rank and whether it is an inference tensor (``torch.inference_mode``), which arguments are ``None`` and
+    the constants (inside tuples and records too).  Saved variants are named by it (``<kinds>-<id>.bin``), so a
+    call tries those compiled for its kind of arguments first (training and ``inference_mode`` variants of a
+    kernel share a folder)."""
+    parts: list[str] = []
+
+    def visit(value: Any) -> None:
+        if isinstance(value, Tensor):
+            parts.append(f"{value.dtype}/{value.dim()}/{int(value.is_inference())}")
+        elif isinstance(value, tuple):
+            parts.append("(")
+            for item in value:
+                visit(item)
+            parts.append(")")
+        else:
+            parts.append(_describe(value) or type(value).__qualname__)
+
+    visit(args)
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+
+
+def _unloaded_files(folder: Path, loaded: set[str], kinds: str) -> list[Path]:
+    """The variant files of ``folder`` not in ``loaded``: those named for ``kinds`` (:func:`argument_kinds`) first,
+    then the others, each group the most recently used first."""
     paths = [path for path in folder.glob("*.bin") if path.name not in loaded] if folder.is_dir() else []
     stamps = {}
     for path in paths:
@@ -343,7 +369,7 @@ def _unloaded_files(folder: Path, loaded: set[str]) -> list[Path]:
             stamps[path] = path.stat().st_mtime_ns
         except OSError:  # removed by a parallel process
             stamps[path] = -1
-    return sorted(paths, key=lambda path: (-stamps[path], path.name))
+    return sorted(paths, key=lambda path: (not path.name.startswith(f"{kinds}-"), -stamps[path], path.name))
 
 
 def _mark_used(path: Path) -> None:
@@ -398,7 +424,7 @@ def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str]) 
             return None
     except Exception:  # noqa: BLE001
         return None
-    name = f"{uuid.uuid4().hex}.bin"
+    name = f"{argument_kinds(args)}-{uuid.uuid4().hex}.bin"
     loaded.add(name)
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -395,13 +395,35 @@ def test_a_kernel_compiles_one_variant_per_kind_of_arguments(kernels_on, tmp_pat
         assert torch.allclose(out, FL._boost_residual_forward(x, f, alpha, strength, 1.0), rtol=1e-6, atol=1e-6)
     folders = {path.parent for path in tmp_path.rglob("*.bin")}
     assert len(folders) == 1 and len(list(next(iter(folders)).glob("*.bin"))) == 2
-    # a new process loads the variants its calls need, the most recently used first: the call without a strength
-    # tries the newer variant (with one) first, then the one it needs, which the next process then tries first
+    # a new process loads the variants its calls need: the file named for the call's kind of arguments first
+    without = cpu_kernels.argument_kinds((x, f, alpha, None, 1.0))
+    assert without != cpu_kernels.argument_kinds((x, f, alpha, strength, 1.0))
+    assert sum(path.name.startswith(f"{without}-") for path in tmp_path.rglob("*.bin")) == 1
     with torch.no_grad():
-        for expected_loads in (2, 1):
-            fresh = cpu_kernels.PersistentKernel(FL._boost_residual_forward)
-            assert torch.equal(fresh(x, f, alpha, None, 1.0), kernel(x, f, alpha, None, 1.0))
-            assert (fresh.loads, fresh.compiles) == (expected_loads, 0)
+        fresh = cpu_kernels.PersistentKernel(FL._boost_residual_forward)
+        assert torch.equal(fresh(x, f, alpha, None, 1.0), kernel(x, f, alpha, None, 1.0))
+        assert (fresh.loads, fresh.compiles) == (1, 0)
+
+
+def test_saved_variants_are_tried_for_the_calls_kind_of_arguments_then_the_most_recently_used_first(tmp_path):
+    """Files named for the call's :func:`cpu_kernels.argument_kinds` first, each group newest use first; using a
+    variant stamps its file, so the next process tries it first."""
+    import os
+
+    kinds = cpu_kernels.argument_kinds((torch.zeros(2, 3), None, 1.0))
+    assert kinds == cpu_kernels.argument_kinds((torch.ones(5, 7), None, 1.0))  # sizes are the guards' business
+    assert kinds != cpu_kernels.argument_kinds((torch.zeros(2, 3), None, 2.0))
+    with torch.inference_mode():
+        assert kinds != cpu_kernels.argument_kinds((torch.zeros(2, 3), None, 1.0))
+    names = {"old": f"{kinds}-a.bin", "new": f"{kinds}-b.bin", "other": "0123456789ab-c.bin", "legacy": "d.bin"}
+    for age, key in enumerate(("old", "new", "other", "legacy")):
+        (tmp_path / names[key]).write_bytes(b"")
+        os.utime(tmp_path / names[key], ns=(10**18 + age * 10**9,) * 2)
+    order = lambda loaded: [p.name for p in cpu_kernels._unloaded_files(tmp_path, loaded, kinds)]  # noqa: E731
+    assert order(set()) == [names["new"], names["old"], names["legacy"], names["other"]]
+    assert order({names["new"]}) == [names["old"], names["legacy"], names["other"]]
+    cpu_kernels._mark_used(tmp_path / names["old"])
+    assert order(set())[0] == names["old"]
 
 
 def test_kernel_cache_keys_name_the_function_and_its_bound_constants(monkeypatch, tmp_path):
