@@ -148,8 +148,12 @@ class RelativePositionEncoding(nn.Module):
         return t_rows, t_cols
 
     def forward(self, p: Tensor, grid: tuple[int, int], num_prefix: int, ops: ManifoldOps) -> Tensor:
-        """``p (B, N, H, d+1)`` -> same shape (:meth:`ManifoldOps.relative_position`)."""
+        """``p (B, N, m H, d+1)`` -> same shape (:meth:`ManifoldOps.relative_position`): ``m`` groups of the ``H``
+        heads side by side (queries and keys) move alike."""
         t_rows, t_cols = self.offsets(grid, num_prefix, p.dtype)
+        groups = p.shape[-2] // t_rows.shape[-1]
+        if groups > 1:
+            t_rows, t_cols = t_rows.repeat(1, groups), t_cols.repeat(1, groups)
         return ops.relative_position(self.kind, p, t_rows, t_cols)
 
 
@@ -184,7 +188,8 @@ class SO3RotaryEncoding(nn.Module):
     kind = "so3"
 
     def forward(self, p: Tensor, rope: Tensor, num_prefix: int, ops: ManifoldOps) -> Tensor:
-        """``p (B, N, H, d+1)``, ``rope (N - num_prefix, m, m)`` -> same shape."""
+        """``p (B, N, H', d+1)`` (any number of heads side by side), ``rope (N - num_prefix, m, m)`` -> same
+        shape."""
         tokens = p[:, num_prefix:]
         moved = torch.cat([tokens[..., :1], apply_so3_rope(tokens[..., 1:], rope)], dim=-1)
         return torch.cat([p[:, :num_prefix], moved], dim=1) if num_prefix else moved

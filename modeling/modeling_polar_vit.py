@@ -155,13 +155,15 @@ class PolarSelfAttention(nn.Module):
         log_temperature = self.log_temperature if dtype is None else self.log_temperature.to(dtype)
         return self.head_dim**-0.5 * torch.exp(-log_temperature)
 
-    def project(self, p: Tensor, ops: ManifoldOps) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values: the three Polar-FCs (one input) run as one with stacked weights (one product,
-        one epilogue), unless a forward hook watches one of them (``calibration``, feature extraction): then each
-        runs as itself."""
+    def project(self, p: Tensor, ops: ManifoldOps) -> tuple[Tensor, Tensor]:
+        """``(queries and keys side by side along the heads, values)``: the three Polar-FCs (one input) run as one
+        with stacked weights (one product, one epilogue), and the queries and keys are a view of its output, which
+        the values keep for backward anyway (the position encoding then saves no copy).  Where a forward hook
+        watches one projection (``calibration``, feature extraction) each runs as itself."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
+        heads_dim = -2 if self.q_proj.num_heads else -1
         if any(_has_forward_hooks(projection) for projection in projections):
-            return self.q_proj(p, ops), self.k_proj(p, ops), self.v_proj(p, ops)
+            return torch.cat([self.q_proj(p, ops), self.k_proj(p, ops)], dim=heads_dim), self.v_proj(p, ops)
         rules = [projection.rule_parameters() for projection in projections]
         rule = None
         if rules[0] is not None:
@@ -171,8 +173,8 @@ class PolarSelfAttention(nn.Module):
         out = ops.polar_fc(
             p, torch.cat([projection.weight for projection in projections]), rule, 3 * heads
         )  # (B, N, 3 heads, d+1)
-        q, k, v = (t if self.q_proj.num_heads else t.squeeze(-2) for t in out.chunk(3, dim=-2))
-        return q, k, v
+        qk, v = out.split([2 * heads, heads], dim=-2)
+        return (qk, v) if self.q_proj.num_heads else (qk.flatten(-2), v.squeeze(-2))
 
     def forward(
         self,
@@ -184,11 +186,14 @@ class PolarSelfAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """``positions``: the patch grid ``(rows, cols)`` of a planar input or the SO(3)-RoPE matrices ``(N, m, m)``
         of a spherical one (:class:`PolarViTSphericalEmbeddings`)."""
-        q, k, v = self.project(p, ops)
-        if self.beta_heads:  # (B, N, n+1) -> (B, N, H, d+1)
-            q, k, v = (ops.beta_split_heads(t, self.num_heads) for t in (q, k, v))
-        if self.position is not None:  # queries and keys move alike: one call on both
-            q, k = self.position(torch.cat([q, k]), positions, num_prefix, ops).chunk(2)
+        qk, v = self.project(p, ops)
+        if self.beta_heads:  # (B, N, 2 (n+1)) -> (B, N, 2H, d+1)
+            q, k = qk.chunk(2, dim=-1)
+            qk = torch.cat([ops.beta_split_heads(t, self.num_heads) for t in (q, k)], dim=-2)
+            v = ops.beta_split_heads(v, self.num_heads)
+        if self.position is not None:  # queries and keys move alike: one call on both, side by side
+            qk = self.position(qk, positions, num_prefix, ops)
+        q, k = qk.chunk(2, dim=-2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, d+1)
         heads, probs = ops.attention(
             q, k, v, self.scale(p.dtype), self.config.polar_attn_implementation, output_attentions

@@ -653,7 +653,8 @@ def test_stacked_qkv_projection_equals_the_three_polar_fcs_and_respects_hooks():
         handle = attention.k_proj.register_forward_hook(lambda module, args, out, seen=seen: seen.append(out))
         each = attention.project(p, ops)
         handle.remove()
-        assert len(seen) == 1 and torch.equal(seen[0], each[1])
+        keys = each[0].chunk(2, dim=-1 if merge == "beta_concat" else -2)[1]  # queries and keys side by side
+        assert len(seen) == 1 and torch.equal(seen[0], keys)
         for a, b in zip(stacked, each):
             assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-13, atol=1e-13)
 
