@@ -290,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.writer(handle)
         writer.writerow(["fused_layer", "kernel_ms", "calls"])
         writer.writerows((name, ms, calls) for name, (ms, calls) in kernels.items())
+    wall_csv = ""
     if args.wall_steps > 0 and args.model != "euclidean":
+        wall_csv = " wall.csv,"
         step_ms, wall = wall_table(step, args.wall_steps)
         print_wall_table(step_ms, wall, args.wall_steps)
         with open(args.out / "wall.csv", "w", newline="") as handle:
@@ -298,7 +300,6 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerow(["function", "wall_ms", "kernel_ms", "product_ms"])
             writer.writerows((name, *row) for name, row in sorted(wall.items()))
     plot(layers, args.out / "layers.png", f"{args.model} forward, batch {args.batch}")
-    wall_csv = " wall.csv," if (args.out / "wall.csv").exists() else ""
     print(f"wrote {args.out}/operators.csv, layers.csv, kernels.csv,{wall_csv} trace.json, layers.png")
     return 0
 

@@ -246,8 +246,9 @@ class PersistentKernel:
     are ``None``, shape relations).
 
     A call runs the first loaded variant whose guards accept the arguments; if none does, it loads saved variants
-    of the same function, the same source code of this package and the same torch, the most recently used first,
-    until one does (no tracing, no compile; only the variants a process's calls need); if none does, it compiles a
+    of the same function, the same source code of this package and the same torch (:meth:`_load_matching`: those
+    of the call's :func:`argument_kinds` first, the most recently used first within each), until one does (no
+    tracing, no compile; only the variants a process's calls need); if none does, it compiles a
     new one from the arguments (``dynamic=True``: any sizes of the same kind) and saves it.  Where a function
     cannot be compiled ahead of time (or the cache is off) it runs through ``torch.compile`` as usual (inductor's
     own caches then apply).
