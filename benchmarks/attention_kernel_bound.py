@@ -38,7 +38,7 @@ def build_extension():
 
     flags = CAPABILITY_FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])
     source = Path(__file__).with_name("per_row_attention.cpp")
-    return load("polar_vit_per_row_attention", [str(source)], extra_cflags=["-O3", *flags])
+    return load("polar_vit_per_row_attention", [str(source)], extra_cflags=["-O3", "-fopenmp", *flags])
 
 
 def group_rows(samples: int, heads: int, tokens: int, dim: int, seed: int = 0):
