@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -91,14 +90,11 @@ def relative_errors(outputs, rows) -> list[float]:
 
 def median_ms(fn: Callable, calls: int = 40) -> float:
     """Median wall time of ``calls`` calls after three warm-up calls."""
+    from polar_vit_hf.benchmarks.attention_speed import median_time
+
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_time(fn, calls) * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,6 +72,17 @@ def eager_bytes(batch: int, heads: int, n: int) -> int:
     return EAGER_PAIR_TENSORS * batch * heads * n * n * 4
 
 
+def median_time(run, repeats: int, sync=lambda: None) -> float:
+    """Median seconds of ``repeats`` calls of ``run`` (each followed by ``sync``)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def measure(impl, batch, heads, n, dim, device, repeats):
     """Median seconds and peak memory (MiB) of one forward + backward."""
     import torch
@@ -91,14 +102,7 @@ def measure(impl, batch, heads, n, dim, device, repeats):
         with peak_rss_growth() as growth:
             run()
         peak = growth["mib"]
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), peak
+    return median_time(run, repeats, torch.cuda.synchronize if device == "cuda" else (lambda: None)), peak
 
 
 SHARPNESS_CASES = {"generic": (1.0, None), "sharp": (8.0, 1.0)}  # (largest radius, scale; None: d^-1/2)
@@ -118,16 +122,12 @@ def sharpness(repeats: int, batch: int = 64, heads: int = 12, n: int = 64, dim: 
         inputs = make_inputs(batch, heads, n, dim, "cpu", rmax=rmax, scale=scale)
         run = step_fn("fused", inputs)
         run()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
+        seconds = median_time(run, repeats)
         with torch.no_grad():
             scores = inputs[6].view(-1, 1, 1) * pairwise_sq_distance(*inputs[:4], 1.0)
             gap = scores - scores.amin(-1, keepdim=True)  # -log of the unnormalised weight
             tiny = (gap > -weight_cutoff(torch.float32)).float().mean().item()
-        print(f"{name:<10}{statistics.median(times) * 1e3:>10.1f}{tiny:>17.0%}")
+        print(f"{name:<10}{seconds * 1e3:>10.1f}{tiny:>17.0%}")
 
 
 def check(device: str, dims=(16, 32, 64)) -> None:
