@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,7 +46,7 @@ from .ambient import (
 )
 from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES
-from .cpu_kernels import inductor_options, recomputed
+from .cpu_kernels import first_order, inductor_options, output_keeping, recomputed
 from .fused_attention import fused_ambient_attention
 from .fused_gyro_norm import fused_gyro_layer_norm
 from .fused_layers import (
@@ -540,12 +541,21 @@ class FusedAmbientOps(AmbientOps):
     (:func:`cpu_kernels.recomputed`: backward recomputes and differentiates them); each a compiled kernel on the
     CPU.  Polar-FC's product is autograd's (it keeps the input points and the weight); its output points
     (:meth:`ManifoldOps.polar_fc_output`: the epilogue of Eq. 8, the radius rule and the ambient coordinates) are
-    a recomputed function of the product and the input points."""
+    a recomputed function of the product and the input points, which without the GELU keeps its output in place of
+    the product (:func:`cpu_kernels.output_keeping`); the heads' concatenation keeps only its output
+    (:class:`SpaceToPoint`)."""
 
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
-        if rule is None:
-            return recomputed(ambient_polar_fc_output, h, constants=(self.k, gelu))
-        return recomputed(ambient_polar_fc_rule_output, h, p, *(t.to(p.dtype) for t in rule), constants=(self.k, gelu))
+        """Without the GELU the output keeps ``||h|| / ||x_s||`` per head in place of the product ``h``, which
+        backward rebuilds from the output that the next layer keeps anyway (:func:`ambient_fc_product`)."""
+        fn, tensors = (
+            (ambient_polar_fc_output, ())
+            if rule is None
+            else (ambient_polar_fc_rule_output, (p, *(t.to(p.dtype) for t in rule)))
+        )
+        if gelu:
+            return recomputed(fn, h, *tensors, constants=(self.k, gelu))
+        return output_keeping(h, fn, ambient_fc_scale, ambient_fc_product, *tensors, constants=(self.k, gelu))
 
     def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
         return recomputed(ambient_gyro_layer_norm, p, log_gain, bias_space, constants=(self.k, eps))
@@ -558,6 +568,11 @@ class FusedAmbientOps(AmbientOps):
     def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:
         return recomputed(ambient_relative_position, p, t_rows, t_cols, constants=(kind, self.k))
 
+    def concat_heads(self, p: Tensor) -> Tensor:
+        """Keeping only its output points, which the output projection's product keeps anyway
+        (:class:`SpaceToPoint`)."""
+        return SpaceToPoint.apply(p[..., 1:].flatten(-2), self.k)
+
     def attention(
         self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor, implementation: str, return_probs: bool
     ) -> tuple[Tensor, Tensor | None]:
@@ -566,6 +581,40 @@ class FusedAmbientOps(AmbientOps):
         if return_probs:
             return super().attention(q, k, v, scale, implementation, return_probs)
         return fused_ambient_attention(q, k, v, scale, self.k), None
+
+
+class SpaceToPoint(torch.autograd.Function):
+    """The point ``[x_0, x_s]`` with ``x_0 = sqrt(k + ||x_s||^2)`` (:func:`ambient.from_space`), keeping only its
+    output: ``dx_0 / dx_s = x_s / x_0``, both read from the output (autograd would keep ``x_s`` as well)."""
+
+    @staticmethod
+    def forward(ctx: Any, xs: Tensor, k: float) -> Tensor:  # noqa: D102
+        out = ambient_from_space(xs, k)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    @first_order
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # noqa: D102
+        (out,) = ctx.saved_tensors
+        return torch.addcmul(grad[..., 1:], grad[..., :1] / out[..., :1], out[..., 1:]), None
+
+
+def ambient_fc_scale(h: Tensor, out: Tensor) -> Tensor:
+    """``||h|| / ||x_s||`` per head ``(..., H)`` of an ambient Polar-FC (no GELU) with product ``h (..., H, d)`` and
+    output points ``out = [x_0, x_s] (..., H, d+1)``: Eq. 8 gives ``x_s = sqrt(k) e^l h / ||h||``, so ``h = x_s
+    ||h|| / ||x_s||`` (:func:`ambient_fc_product`); ``0`` where ``x_s = 0``."""
+    space_norm = torch.linalg.vector_norm(out[..., 1:], dim=-1)
+    nonzero = space_norm > 0
+    return torch.where(nonzero, torch.linalg.vector_norm(h, dim=-1) / torch.where(nonzero, space_norm, 1.0), 0.0)
+
+
+def ambient_fc_product(out: Tensor, scale: Tensor) -> Tensor:
+    """An ambient Polar-FC's product ``h = x_s ||h|| / ||x_s||`` ``(..., H, d)`` rebuilt from its output points
+    ``out (..., H, d+1)`` and :func:`ambient_fc_scale`: a few ulp from the product it was computed from, ``0`` where
+    ``||h|| = 0``, and ``0`` where ``e^l`` underflowed to ``x_s = 0`` (there every gradient of the output carries
+    that vanishing ``e^l``)."""
+    return out[..., 1:] * scale.unsqueeze(-1)
 
 
 # the layers of FusedAmbientOps: AmbientOps' formulas as pure functions of tensors and constants ---------------

@@ -203,14 +203,18 @@ def test_recomputed_direct_concat_kernels_match_eager_and_float64(kernels_on, rm
     assert really_compiled(cpu_kernels._vjp(packed_direct_concat, (0.9,)))
 
 
+@pytest.mark.parametrize("gelu", [True, False])
 @pytest.mark.parametrize("rule", [False, True])
-@pytest.mark.parametrize("rmax", [0.5, 4.0])
-def test_ambient_polar_fc_output_kernels_match_eager_and_float64(kernels_on, rule, rmax):
-    """The ambient twin's Polar-FC output (Eq. 8 from its log-radius, in ambient coordinates; a RecomputedFunction
-    of the product and the input points) as compiled forward and vjp kernels, with the GELU."""
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 12.0])
+def test_ambient_polar_fc_output_kernels_match_eager_and_float64(kernels_on, rule, rmax, gelu):
+    """The ambient twin's Polar-FC output (Eq. 8 from its log-radius, in ambient coordinates) as compiled forward
+    and vjp kernels: with the GELU a RecomputedFunction of the product and the input points, without it an
+    OutputKeepingFunction (its output and ``||h||`` per head kept, the product rebuilt from them)."""
     from polar_vit_hf.modeling.manifold_ops import (
         AmbientOps,
         FusedAmbientOps,
+        ambient_fc_product,
+        ambient_fc_scale,
         ambient_polar_fc_output,
         ambient_polar_fc_rule_output,
     )
@@ -222,11 +226,17 @@ def test_ambient_polar_fc_output_kernels_match_eager_and_float64(kernels_on, rul
 
     def fn(h, *points_and_rule):  # without the rule, the input points are not read
         x, *rule_parameters = points_and_rule or (None,)
-        return FusedAmbientOps(0.9).polar_fc_output(h, x, tuple(rule_parameters) if rule else None, True)
+        return FusedAmbientOps(0.9).polar_fc_output(h, x, tuple(rule_parameters) if rule else None, gelu)
 
     check_kernels(fn, h, *([x, *params] if rule else []))
     target = ambient_polar_fc_rule_output if rule else ambient_polar_fc_output
-    assert really_compiled(cpu_kernels.bound(target, (0.9, True)), cpu_kernels._vjp(target, (0.9, True)))
+    if gelu:
+        assert really_compiled(cpu_kernels.bound(target, (0.9, True)), cpu_kernels._vjp(target, (0.9, True)))
+    else:
+        assert really_compiled(
+            cpu_kernels._with_summary(target, ambient_fc_scale, (0.9, False)),
+            cpu_kernels._rebuilt_vjp(target, ambient_fc_product, (0.9, False)),
+        )
 
 
 def compiles() -> int:

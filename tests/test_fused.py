@@ -446,8 +446,9 @@ def test_fused_ambient_attention_groups_and_saves_nothing_quadratic():
 def test_ambient_polar_fc_is_the_polar_one_in_ambient_coordinates_and_keeps_no_intermediates(activation, rule):
     """The ambient Polar-FC writes Eq. 8's output from its log-radius (``x_s = sqrt(k) e^l u'``, ``x_0 = sqrt(k)
     hypot(e^l, 1)``): in float64 it is ``to_ambient`` of the polar Polar-FC's output at radii 0 to 12, with zero
-    weights (the origin) and identical tokens; the fused one (recomputed) equals it with gradcheck, and keeps for
-    backward only its inputs: nothing of the size of its output."""
+    weights (the origin) and identical tokens; the fused one equals it with gradcheck, and keeps for backward only
+    its inputs (with the GELU: nothing of the size of its output), or without the GELU the input points, its output
+    and ``||h|| / ||x_s||`` per head in place of the product, which backward rebuilds from them."""
     torch.manual_seed(3)
     k = 1.3
     fc, r, u = _random_polar_fc(8, k, 2, activation, rule)
@@ -467,8 +468,11 @@ def test_ambient_polar_fc_is_the_polar_one_in_ambient_coordinates_and_keeps_no_i
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         got = fc(ambient, FusedAmbientOps(k))
     assert torch.allclose(got, ref, rtol=1e-13, atol=1e-13)
-    product = 6 * fc.weight.shape[0]  # the product (tokens x heads x head width), kept as autograd's matmul keeps it
-    assert max(sizes) <= max(product, ambient.numel()) < ref.numel()
+    product, heads = 6 * fc.weight.shape[0], 6 * 2  # (tokens x heads x head width), (tokens x heads)
+    if activation is None:  # its output (which the next layer keeps) and ||h|| / ||x_s|| per head, not the product
+        assert sorted(set(sizes)) == sorted({ambient.numel(), ref.numel(), heads}) and product not in sizes
+    else:  # the pre-activation product, as autograd's matmul keeps it
+        assert max(sizes) <= max(product, ambient.numel()) < ref.numel()
     weights = torch.randn_like(ref)
     params = [ambient, *fc.parameters()]
     for want_g, have in zip(
@@ -484,6 +488,27 @@ def test_ambient_polar_fc_is_the_polar_one_in_ambient_coordinates_and_keeps_no_i
         assert torch.allclose(zero[..., 0], torch.full_like(zero[..., 0], math.sqrt(k)), rtol=1e-15, atol=0)
         assert zero[..., 1:].abs().max() < 1e-29
     assert all(torch.isfinite(g).all() for g in torch.autograd.grad(zero.sum(), params))
+
+
+def test_ambient_polar_fc_whose_output_underflows_to_the_origin_has_the_references_gradients():
+    """An ambient Polar-FC output whose ``e^l`` underflows (``x_s = 0``, a radius bias of ``-800`` in float64) has no
+    direction left to rebuild the product from: the product is rebuilt as ``0`` there, and every gradient equals the
+    reference's (zero where it carries ``e^l``), finite."""
+    torch.manual_seed(3)
+    fc, r, u = _random_polar_fc(8, 1.3, 2, None, True)
+    with torch.no_grad():
+        fc.radius_bias[0] = -800.0  # the first head: l < ln(tiny)
+    x = AmbientOps(1.3).make(r, u).requires_grad_(True)
+    params = [x, *fc.parameters()]
+    grads = []
+    for ops in (AmbientOps(1.3), FusedAmbientOps(1.3)):
+        out = fc(x, ops)
+        assert torch.equal(out[:, 0, 1:], torch.zeros_like(out[:, 0, 1:]))  # the first head at the origin
+        grads.append(
+            torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=F64).view_as(out)).sum(), params)
+        )
+    for want, got in zip(*grads):
+        assert torch.isfinite(got).all() and torch.allclose(got, want, rtol=1e-10, atol=1e-12 * want.abs().max())
 
 
 def test_kernel_forms_are_within_their_ulp_bounds_and_eager_is_torch(monkeypatch):
@@ -659,23 +684,31 @@ def test_stacked_qkv_projection_equals_the_three_polar_fcs_and_respects_hooks():
             assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
 @pytest.mark.parametrize("rmax", RADII)
-def test_recomputed_direct_concat_matches_the_reference_and_gradcheck(rmax):
+def test_recomputed_direct_concat_matches_the_reference_and_gradcheck(rmax, arithmetic):
     """Fused, the heads' direct concatenation (Sec. 4.2) runs as a RecomputedFunction (forward recomputed in
-    backward, differentiated by torch.func.vjp): the same value and gradients as autograd through the
-    reference, and gradcheck in float64, heads at the origin included."""
+    backward, differentiated by torch.func.vjp) and in ambient coordinates as a SpaceToPoint (its output only
+    kept): the same value and gradients as autograd through the reference, and gradcheck in float64, heads at the
+    origin included."""
+    fused_ops, reference_ops = (FusedPolarOps, PolarOps) if arithmetic == "polar" else (FusedAmbientOps, AmbientOps)
     r = radii(2, 5, 3, rmax=rmax, seed=4)
     r[0, 0] = 0.0  # every head of one token at the origin
-    p = torch.cat([r.unsqueeze(-1), directions(2, 5, 3, 4, seed=4)], dim=-1)  # (B, N, H, d+1)
+    p = reference_ops(0.8).make(r, directions(2, 5, 3, 4, seed=4))  # (B, N, H, d+1)
     weights = torch.linspace(-1.0, 1.0, 2 * 5 * 13, dtype=F64).view(2, 5, 13)
     results = []
-    for fused_ops in (True, False):
+    for ops in (fused_ops, reference_ops):
         leaf = p.clone().requires_grad_(True)
-        out = (FusedPolarOps if fused_ops else PolarOps)(0.8).concat_heads(leaf)
+        out = ops(0.8).concat_heads(leaf)
         (grad,) = torch.autograd.grad((out * weights).sum(), leaf)
         results.append((out.detach(), grad))
     (out_f, grad_f), (out_r, grad_r) = results
     assert torch.equal(out_f, out_r)
     assert torch.allclose(grad_f, grad_r, rtol=1e-12, atol=1e-14)
     if rmax > 0:
-        assert gradcheck(lambda t: FusedPolarOps(0.8).concat_heads(t), [p[1:].clone().requires_grad_(True)])
+        assert gradcheck(lambda t: fused_ops(0.8).concat_heads(t), [p[1:].clone().requires_grad_(True)])
+    if arithmetic == "ambient":  # it keeps its output and nothing else
+        saved: list[torch.Tensor] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            out = FusedAmbientOps(0.8).concat_heads(p.clone().requires_grad_(True))
+        assert [t.untyped_storage().data_ptr() for t in saved] == [out.untyped_storage().data_ptr()]
