@@ -343,15 +343,17 @@ def _variants_folder(fn: Callable) -> Path | None:
 
 def argument_kinds(args: tuple) -> str:
     """A short digest of what a variant's guards check first and a call can tell cheaply: each tensor argument's
-    dtype, rank and whether it is an inference tensor (``torch.inference_mode``), which arguments are ``None`` and
-    the constants (inside tuples and records too).  Saved variants are named by it (``<kinds>-<id>.bin``), so a
-    call tries those compiled for its kind of arguments first (training and ``inference_mode`` variants of a
-    kernel share a folder)."""
+    dtype, rank, which of its sizes are 0 or 1 (the compiler specialises those: a variant traced with a size 1
+    serves only size 1 there, one traced with a larger size only sizes of at least 2) and whether it is an
+    inference tensor (``torch.inference_mode``), which arguments are ``None`` and the constants (inside tuples and
+    records too).  Saved variants are named by it (``<kinds>-<id>.bin``), so a call tries those compiled for its
+    kind of arguments first (training, single-image and ``inference_mode`` variants of a kernel share a folder)."""
     parts: list[str] = []
 
     def visit(value: Any) -> None:
         if isinstance(value, Tensor):
-            parts.append(f"{value.dtype}/{value.dim()}/{int(value.is_inference())}")
+            sizes = "".join(str(size) if size < 2 else "n" for size in value.shape)
+            parts.append(f"{value.dtype}/{sizes}/{int(value.is_inference())}")
         elif isinstance(value, tuple):
             parts.append("(")
             for item in value:

@@ -422,6 +422,8 @@ def test_saved_variants_are_tried_for_the_calls_kind_of_arguments_then_the_most_
 
     kinds = cpu_kernels.argument_kinds((torch.zeros(2, 3), None, 1.0))
     assert kinds == cpu_kernels.argument_kinds((torch.ones(5, 7), None, 1.0))  # sizes are the guards' business
+    assert kinds != cpu_kernels.argument_kinds((torch.zeros(1, 3), None, 1.0))  # ... but for 0 and 1
+    assert kinds != cpu_kernels.argument_kinds((torch.zeros(0, 3), None, 1.0))
     assert kinds != cpu_kernels.argument_kinds((torch.zeros(2, 3), None, 2.0))
     with torch.inference_mode():
         assert kinds != cpu_kernels.argument_kinds((torch.zeros(2, 3), None, 1.0))
@@ -434,6 +436,28 @@ def test_saved_variants_are_tried_for_the_calls_kind_of_arguments_then_the_most_
     assert order({names["new"]}) == [names["old"], names["legacy"], names["other"]]
     cpu_kernels._mark_used(tmp_path / names["old"])
     assert order(set())[0] == names["old"]
+
+
+def test_a_call_loads_the_variants_traced_with_its_sizes_of_one_first(kernels_on, tmp_path, monkeypatch):
+    """A variant traced with a size 1 (a single image) serves only size 1 there, and one traced with a larger size
+    only sizes of at least 2: a call of larger sizes does not load the first, however recently it was used."""
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
+
+    def row_sums(x):
+        return (2.0 * x).sum(-1)
+
+    kernel = cpu_kernels.PersistentKernel(row_sums)
+    with torch.no_grad():
+        for rows in (5, 1):
+            kernel(torch.randn(rows, 8))
+        assert kernel.compiles == 2
+        single = cpu_kernels.argument_kinds((torch.zeros(1, 8),))
+        (path,) = [path for path in tmp_path.rglob("*.bin") if path.name.startswith(f"{single}-")]
+        cpu_kernels._mark_used(path)  # the most recently used variant is the single row's
+        fresh = cpu_kernels.PersistentKernel(row_sums)
+        x = torch.randn(7, 8)
+        assert torch.allclose(fresh(x), row_sums(x), rtol=1e-6, atol=1e-6)
+        assert (fresh.loads, fresh.compiles) == (1, 0)
 
 
 def test_kernel_cache_keys_name_the_function_and_its_bound_constants(monkeypatch, tmp_path):
