@@ -355,12 +355,14 @@ class AttentionRows:
         batch, heads = uq.shape[:2]
         sk = math.sqrt(k)
         self.uq, self.uk, self.uv = uq, uk, uv
-        self.a, self.b, self.beta = rq / sk, rk / sk, rv / sk
+        # contiguous per-row quantities (the radii of strided heads would otherwise be gathered once per field and
+        # group): every field below is then a contiguous (B, H, ...) tensor whose groups are views
+        self.a, self.b, self.beta = (r.contiguous() / sk for r in (rq, rk, rv))
         self.sinh_a, self.cosh_a = sinh_cosh(self.a)
         self.sinh_b, self.cosh_b = sinh_cosh(self.b)
         self.sinh_beta, self.cosh_beta = sinh_cosh(self.beta)
         self.exp_beta = torch.exp(-self.beta)
-        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
+        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1).contiguous()
         self.scale, self.root_coef = scale_g, torch.sqrt(scale_g * (4.0 * k))
 
     def __getitem__(self, group: slice) -> GroupRows:

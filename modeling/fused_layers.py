@@ -67,9 +67,12 @@ def _unit_coords(r: Tensor, u: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, T
     a = r / sqrt_k
     sinh_a, cosh_a = sinh_cosh(a)
     width = u.shape[-1] + 1
-    x = u.new_empty(*u.shape[:-1], gemm_width(width))  # filled by slices (no out= into views: torch.compile)
+    x = u.new_empty(*u.shape[:-1], gemm_width(width))
     x[..., 0] = cosh_a
-    x[..., 1:width] = u * sinh_a.unsqueeze(-1)
+    if torch.compiler.is_compiling():  # (traced where the kernels are off: dynamo takes no out= into a view)
+        x[..., 1:width] = u * sinh_a.unsqueeze(-1)
+    else:  # one pass: no product tensor copied in
+        torch.mul(u, sinh_a.unsqueeze(-1), out=x[..., 1:width])
     x[..., width:] = 0.0
     return x, a, sinh_a, cosh_a
 

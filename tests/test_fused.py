@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import polar_vit_hf as P
 from polar_vit_hf.modeling import fused_layers
-from polar_vit_hf.modeling.fused_attention import fused_ambient_attention, fused_polar_attention
+from polar_vit_hf.modeling.fused_attention import AttentionRows, fused_ambient_attention, fused_polar_attention
 from polar_vit_hf.modeling.fused_gyro_norm import fused_gyro_layer_norm
 from polar_vit_hf.modeling.fused_layers import fused_boost_residual, fused_polar_fc, fused_reserved_axes_encoding
 from polar_vit_hf.modeling.manifold_ops import AmbientOps, FusedAmbientOps, FusedPolarOps, PolarOps
@@ -159,6 +159,27 @@ def test_fused_attention_groups_and_saves_nothing_quadratic(monkeypatch):
     assert max(sizes) < 12 * 12 * 6  # inputs and per-row statistics only
     assert all(torch.equal(a, b) for a, b in zip(one, two))
     assert all(torch.allclose(a, b, rtol=1e-13, atol=1e-15) for a, b in zip(g_one, g_two))
+
+
+def test_fused_attention_reads_strided_heads_as_the_model_passes_them():
+    """Heads as the model passes them (views of the stacked projection, heads transposed): the same results as
+    contiguous inputs, and every group's per-row quantities are views of tensors gathered once for all groups."""
+    batch, heads, tokens, dim = 3, 2, 5, 4
+    stacked = make_inputs(batch=batch, heads=1, n_q=tokens * 3 * heads, n_k=1, dim=dim, rmax=4.0)
+    packed = torch.cat([stacked[0].reshape(-1, 1), stacked[1].reshape(-1, dim)], dim=-1)
+    packed = packed.double().view(batch, tokens, 3 * heads, dim + 1)
+    q, k, v = (t.transpose(1, 2) for t in packed.split(heads, dim=-2))  # (B, H, N, d+1) strided views
+    args = [q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], torch.tensor([0.7, 1.1], dtype=F64)]
+    rows = AttentionRows(*args, 1.0)
+    for group in (slice(0, 2), slice(2, 3)):
+        part = rows[group]
+        for name in ("a", "b", "beta", "sinh_a", "cosh_b", "exp_beta", "scale", "root_coef"):
+            whole = getattr(rows, name)
+            assert whole.is_contiguous(), name
+            assert getattr(part, name).untyped_storage().data_ptr() == whole.untyped_storage().data_ptr(), name
+    strided = fused_polar_attention(*args)
+    dense = fused_polar_attention(*(t.contiguous() for t in args))
+    assert all(torch.equal(a, b) for a, b in zip(strided, dense))
 
 
 # --------------------------------------------------------------------------------------------

@@ -126,6 +126,39 @@ def test_the_step_profile_prints_operators_and_layer_kinds(tmp_path, capsys):
         assert float(wall[name]["wall_ms"]) > float(wall[name]["product_ms"]) > 0
 
 
+def test_the_layer_labels_leave_what_runs_unchanged(monkeypatch):
+    """The profile's layer ranges change nothing that runs (the attention's three projections stay one stacked
+    Polar-FC), they appear in the profile, and undoing them leaves the modules as they were."""
+    import torch
+    from torch.profiler import profile
+
+    import polar_vit_hf as P
+    from polar_vit_hf.benchmarks import profile_step
+    from polar_vit_hf.modeling import fused_layers
+
+    model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo", num_labels=3)).eval()
+    pixels = torch.randn(2, model.config.num_channels, model.config.image_size, model.config.image_size)
+    calls: list[tuple[int, ...]] = []
+    apply = fused_layers.FusedPolarFC.apply
+    monkeypatch.setattr(fused_layers.FusedPolarFC, "apply", lambda *a: calls.append(tuple(a[1].shape)) or apply(*a))
+
+    def polar_fc_calls() -> list[tuple[int, ...]]:
+        calls.clear()
+        with torch.no_grad():
+            model(pixel_values=pixels)
+        return list(calls)
+
+    plain = polar_fc_calls()
+    undo = profile_step.label_modules(model)
+    with profile() as prof:
+        labelled = polar_fc_calls()
+    for restore in undo:
+        restore()
+    assert labelled == plain
+    assert {"layer::Polar-FC", "layer::gyro layer norm"} <= {event.name for event in prof.events()}
+    assert not any("forward" in vars(module) for module in model.modules())
+
+
 def test_the_step_profile_attributes_compiled_kernels_to_their_fused_layer():
     """``kernel_table`` charges each compiled kernel call to the fused layer Function that ran it, forward and
     backward apart (a boost residual with its compiled kernels on)."""
