@@ -382,6 +382,12 @@ def _reserved_axes_scalar_gradients(
     return outputs[2], gradients
 
 
+def _reserved_axes_inputs(p: Tensor, rest_sq: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The per-token inputs of :func:`_reserved_axes_scalars` from points ``p (..., d+1)``: the radius, the four
+    reserved direction coordinates ``(4, ...)`` (coordinate first) and ``rest_sq``, each contiguous."""
+    return p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), rest_sq
+
+
 class FusedReservedAxesEncoding(torch.autograd.Function):
     r"""The 2-D relative position encoding of every head (``horoshift`` Eq. 10 / ``boost`` / ``rotation``) as one
     function.
@@ -391,8 +397,8 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
     direction coordinate is only rescaled, ``u'_m = (sinh a / sinh a') u_m``.  The per-token scalars (radius, four
     coordinates, the sum of squares of the others) carry the whole computation (:func:`_reserved_axes_scalars`, on
     contiguous ``(B, N, H)`` tensors); the ``d``-wide vectors are touched once forward and once backward.  Saved:
-    the input; backward recomputes the scalar part and differentiates it (:func:`cpu_kernels.recompute_vjp`), the
-    vector part by hand.
+    the input and the per-token sum of squares of its other direction coordinates; backward recomputes the scalar
+    part and differentiates it (:func:`cpu_kernels.recompute_vjp`), the vector part by hand.
     """
 
     @staticmethod
@@ -405,18 +411,19 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
         sqrt_k: float,  # noqa: D102
     ) -> Tensor:
         u_rest = p[..., 5:]
-        scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
+        rest_sq = u_rest.square().sum(-1)
+        scalars = _reserved_axes_inputs(p, rest_sq)
         r_out, u4, scale = run_maybe_compiled(_reserved_axes_scalars, p, kind, *scalars, t_rows, t_cols, sqrt_k)
-        ctx.save_for_backward(p, t_rows, t_cols)
+        ctx.save_for_backward(p, t_rows, t_cols, rest_sq)
         ctx.kind, ctx.sqrt_k = kind, sqrt_k
         return torch.cat([r_out.unsqueeze(-1), u4.movedim(0, -1), u_rest * scale.unsqueeze(-1)], dim=-1)
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        p, t_rows, t_cols = ctx.saved_tensors
+        p, t_rows, t_cols, rest_sq = ctx.saved_tensors
         u_rest, g_rest = p[..., 5:], grad[..., 5:]
-        scalars = (p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), u_rest.square().sum(-1))
+        scalars = _reserved_axes_inputs(p, rest_sq)
         outputs = (grad[..., 0].contiguous(), grad[..., 1:5].movedim(-1, 0).contiguous(), (g_rest * u_rest).sum(-1))
         scale, (g_r, g_u4, g_rest_sq, g_t_rows, g_t_cols) = run_maybe_compiled(
             _reserved_axes_scalar_gradients, p, ctx.kind, *scalars, t_rows, t_cols, ctx.sqrt_k, outputs
