@@ -382,10 +382,11 @@ def _reserved_axes_scalar_gradients(
     return outputs[2], gradients
 
 
-def _reserved_axes_inputs(p: Tensor, rest_sq: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The per-token inputs of :func:`_reserved_axes_scalars` from points ``p (..., d+1)``: the radius, the four
-    reserved direction coordinates ``(4, ...)`` (coordinate first) and ``rest_sq``, each contiguous."""
-    return p[..., 0].contiguous(), p[..., 1:5].movedim(-1, 0).contiguous(), rest_sq
+def _reserved_axes_parts(t: Tensor, rest: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The per-token parts of :func:`_reserved_axes_scalars` from packed ``t (..., d+1)`` (points or their
+    gradient): the radius part, the four reserved direction parts ``(4, ...)`` (coordinate first), each contiguous,
+    and ``rest``, the part of the other coordinates (their sum of squares, or its gradient's dot product)."""
+    return t[..., 0].contiguous(), t[..., 1:5].movedim(-1, 0).contiguous(), rest
 
 
 class FusedReservedAxesEncoding(torch.autograd.Function):
@@ -412,7 +413,7 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
     ) -> Tensor:
         u_rest = p[..., 5:]
         rest_sq = u_rest.square().sum(-1)
-        scalars = _reserved_axes_inputs(p, rest_sq)
+        scalars = _reserved_axes_parts(p, rest_sq)
         r_out, u4, scale = run_maybe_compiled(_reserved_axes_scalars, p, kind, *scalars, t_rows, t_cols, sqrt_k)
         ctx.save_for_backward(p, t_rows, t_cols, rest_sq)
         ctx.kind, ctx.sqrt_k = kind, sqrt_k
@@ -423,8 +424,8 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         p, t_rows, t_cols, rest_sq = ctx.saved_tensors
         u_rest, g_rest = p[..., 5:], grad[..., 5:]
-        scalars = _reserved_axes_inputs(p, rest_sq)
-        outputs = (grad[..., 0].contiguous(), grad[..., 1:5].movedim(-1, 0).contiguous(), (g_rest * u_rest).sum(-1))
+        scalars = _reserved_axes_parts(p, rest_sq)
+        outputs = _reserved_axes_parts(grad, (g_rest * u_rest).sum(-1))
         scale, (g_r, g_u4, g_rest_sq, g_t_rows, g_t_cols) = run_maybe_compiled(
             _reserved_axes_scalar_gradients, p, ctx.kind, *scalars, t_rows, t_cols, ctx.sqrt_k, outputs
         )
