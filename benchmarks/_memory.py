@@ -1,8 +1,11 @@
-"""CPU peak-memory measurement for the benchmarks: resident set sampled by a background thread.
+"""CPU peak-memory measurements for the benchmarks: the resident set, and the bytes of live tensors.
 
 ``ru_maxrss`` only knows the process-wide peak (imports included), which hides small workloads;
-this samples ``/proc/self/statm`` every half millisecond while the workload runs (torch releases
-the GIL in its kernels) and reports the growth over the resident set just before it started.
+:func:`peak_rss_growth` samples ``/proc/self/statm`` every half millisecond while the workload runs (torch
+releases the GIL in its kernels) and reports the growth over the resident set just before it started: everything
+the process maps for the block, code it imports and compiled kernel libraries it loads included.
+:func:`peak_tensor_growth` counts tensors only, the CPU counterpart of CUDA's ``max_memory_allocated``: the peak of
+the bytes allocated inside the block and not yet freed, from the profiler's allocation events.
 """
 
 from __future__ import annotations
@@ -12,8 +15,16 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@dataclass
+class MemoryGrowth:
+    """The peak growth a measurement found, in MiB (set when its block ends)."""
+
+    mib: float = 0.0
 
 
 def rss_mib() -> float:
@@ -22,9 +33,9 @@ def rss_mib() -> float:
 
 
 @contextmanager
-def peak_rss_growth(interval: float = 5e-4) -> Iterator[dict]:
-    """``with peak_rss_growth() as result: work()`` then ``result["mib"]`` is the peak growth."""
-    result = {"mib": 0.0}
+def peak_rss_growth(interval: float = 5e-4) -> Iterator[MemoryGrowth]:
+    """``with peak_rss_growth() as growth: work()`` then ``growth.mib`` is the resident set's peak growth."""
+    result = MemoryGrowth()
     base = rss_mib()
     peak = [base]
     stop = threading.Event()
@@ -42,4 +53,29 @@ def peak_rss_growth(interval: float = 5e-4) -> Iterator[dict]:
         stop.set()
         thread.join()
         peak[0] = max(peak[0], rss_mib())
-        result["mib"] = peak[0] - base
+        result.mib = peak[0] - base
+
+
+@contextmanager
+def peak_tensor_growth() -> Iterator[MemoryGrowth]:
+    """``with peak_tensor_growth() as growth: work()`` then ``growth.mib`` is the peak of the CPU tensor bytes
+    allocated inside the block and still alive: the running sum of the profiler's allocation events (``+bytes``
+    for each allocation, ``-bytes`` when it is freed; memory allocated before the block and freed inside it is not
+    counted), in the order they happened.  Independent of what the allocator keeps or returns to the system and of
+    the code the block loads; the profiler slows the block down, so time it separately."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    result = MemoryGrowth()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorder:
+        yield result
+    events = sorted(
+        (event.start_ns(), event.nbytes())
+        for event in recorder.profiler.kineto_results.events()
+        if event.name() == "[memory]" and event.device_type() == DeviceType.CPU
+    )
+    running = peak = 0
+    for _, nbytes in events:
+        running += nbytes
+        peak = max(peak, running)
+    result.mib = peak / 2**20

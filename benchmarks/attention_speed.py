@@ -101,7 +101,7 @@ def measure(impl, batch, heads, n, dim, device, repeats):
 
         with peak_rss_growth() as growth:
             run()
-        peak = growth["mib"]
+        peak = growth.mib
     return median_time(run, repeats, torch.cuda.synchronize if device == "cuda" else (lambda: None)), peak
 
 

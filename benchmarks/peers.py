@@ -251,13 +251,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_step_table(tables: dict[int, dict], models: list[str], step_time: types.ModuleType) -> None:
-    """ms / step, × ViT (and × HyperCore when measured) per batch size, peak memory × ViT and the first step."""
+    """ms / step, × ViT (and × HyperCore when measured) per batch size; at the largest batch, peak memory × ViT (the
+    resident set's growth over the first step, then the most tensor bytes alive at once in a later step) and the
+    first step."""
     print(f"\ntraining step (forward + backward, CPU capability {torch.backends.cpu.get_cpu_capability()})")
     reference = "hypercore" if "hypercore" in models else None
     header = f"{'model':<36}" + "".join(
         f" | b{batch}: ms, x ViT" + (", x HyperCore" if reference else "") for batch in tables
     )
-    print(header + " | peak memory x ViT | first step")
+    print(header + " | peak memory x ViT: RSS, tensors | first step")
     for name in models:
         cells = []
         for results in tables.values():
@@ -268,11 +270,11 @@ def print_step_table(tables: dict[int, dict], models: list[str], step_time: type
                 cell += f", {step_time.time_ratio(results, name, reference, True):.2f}"
             cells.append(cell)
         last = tables[max(tables)]
-        memory = last[name]["peak_growth_mib"] / last["euclidean"]["peak_growth_mib"]
+        memory = (last[name][key] / last["euclidean"][key] for key in ("peak_growth_mib", "peak_tensor_mib"))
         print(
             f"{step_time.LABELS[name]:<36} | "
             + " | ".join(cells)
-            + f" | {memory:.2f} | {last[name]['first_step_s']:.1f} s"
+            + f" | {', '.join(f'{ratio:.2f}' for ratio in memory)} | {last[name]['first_step_s']:.1f} s"
         )
 
 
@@ -289,12 +291,12 @@ def write_csv(
 ) -> None:
     with open(out / "peers.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["batch", "model", "median_s", "vs_vit", "peak_growth_mib", "first_step_s"])
+        fields = ("median_s", "vs_vit", "peak_growth_mib", "peak_tensor_mib", "first_step_s")
+        writer.writerow(["batch", "model", *fields])
         for batch, results in tables.items():
             for name in models:
-                ratio = step_time.time_ratio(results, name, "euclidean", True)
-                r = results[name]
-                writer.writerow([batch, name, r["median_s"], ratio, r["peak_growth_mib"], r["first_step_s"]])
+                row = {**results[name], "vs_vit": step_time.time_ratio(results, name, "euclidean", True)}
+                writer.writerow([batch, name, *(row[key] for key in fields)])
     with open(out / "distance_error.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         names = list(rows[0].errors)
@@ -308,17 +310,29 @@ def plot(path: Path, tables: dict[int, dict], models: list[str], rows: list[Dist
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(19, 4.8))
     batches = list(tables)
     for name in models if tables else []:
         axes[0].plot(batches, [tables[b][name]["median_s"] * 1e3 for b in batches], marker="o", label=labels[name])
     axes[0].set(xlabel="batch", ylabel="ms / training step (CPU)", xscale="log", yscale="log", title="step time")
     axes[0].set_xticks(batches, [str(b) for b in batches])
+    axes[0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    if tables:
+        last, width = tables[max(tables)], 0.4
+        for offset, (key, kind) in zip(
+            (-width / 2, width / 2), (("peak_growth_mib", "RSS"), ("peak_tensor_mib", "tensors"))
+        ):
+            ratios = [last[name][key] / last["euclidean"][key] for name in models]
+            axes[1].bar([i + offset for i in range(len(models))], ratios, width, label=kind)
+        axes[1].axhline(2.0, color="gray", linestyle="--", linewidth=1)
+        axes[1].set_xticks(range(len(models)), [labels[name] for name in models], rotation=20, ha="right", fontsize=8)
+        axes[1].set(ylabel="peak memory x ViT", title=f"peak memory, batch {max(tables)}")
     radii = [row.radius for row in rows]
     for name in rows[0].errors:
-        axes[1].plot(radii, [max(row.errors[name], 1e-10) for row in rows], marker="o", label=name)
-    axes[1].set(xlabel="radius r", ylabel="median relative error", yscale="log", title="float32 distance error")
+        axes[2].plot(radii, [max(row.errors[name], 1e-10) for row in rows], marker="o", label=name)
+    axes[2].set(xlabel="radius r", ylabel="median relative error", yscale="log", title="float32 distance error")
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

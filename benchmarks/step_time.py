@@ -15,7 +15,9 @@ attention core, and the default polar / ambient models under ``torch.compile(mod
 of the public Lorentz ViTs, HyperCore's ``LViT`` and HexFormer at the same shape (``benchmarks/peers.py``).
 
 Each model runs in its own subprocess (peak memory: the growth of the resident set, sampled in
-the background, over the first training step; saved bytes: the distinct non-parameter tensors
+the background, over the first training step, which includes the code and compiled kernels that step loads; peak
+tensors: the most bytes of tensors alive at once during a later step, from the profiler's allocation events, as
+CUDA's ``max_memory_allocated`` counts them; saved bytes: the distinct non-parameter tensors
 autograd keeps for backward, counted with ``torch.autograd.graph.saved_tensors_hooks``); times are
 the median of ``--repeats`` steps after ``--warmup`` steps; ratios are taken within this one run
 (``--interleave``: all models stay alive and step in turns, and the time ratios are the medians of the
@@ -44,8 +46,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from polar_vit_hf.benchmarks._memory import MemoryGrowth
 
 MODELS = (
     "euclidean",
@@ -77,6 +86,7 @@ LABELS = {
 
 PEERS = ("hypercore", "hexformer")  # the public Lorentz ViTs (benchmarks/peers.py): never timed from --base
 BASE = "@base"  # suffix of a model timed from the --base source tree
+CSV_FIELDS = ("params", "median_s", "peak_growth_mib", "peak_tensor_mib", "saved_mib", "first_step_s")
 PACKAGE_FOLDERS = ("modeling", "training", "conversion", "benchmarks")  # mapped into polar_vit_hf (setup.cfg)
 
 
@@ -188,6 +198,8 @@ def worker(args: argparse.Namespace) -> None:
         step()
     first_step_s = time.perf_counter() - compile_start
     saved = 0 if args.inference else saved_bytes(model, lambda: step_fn(pixel_values=pixels, labels=labels).loss)
+    with tensor_memory_growth(device) as tensors:  # a warm step: the tensors alone, not the code the first loaded
+        step()
     for _ in range(args.warmup - 1):
         step()
     if args.serve:  # interleaved: per line read from stdin, --round_warmup untimed steps and one timed, until EOF
@@ -211,7 +223,8 @@ def worker(args: argparse.Namespace) -> None:
                 "model": args.model,
                 "median_s": statistics.median(times),
                 "times": times,
-                "peak_growth_mib": growth["mib"],
+                "peak_growth_mib": growth.mib,
+                "peak_tensor_mib": tensors.mib,
                 "saved_mib": saved / 2**20,
                 "params": sum(p.numel() for p in model.parameters()),
                 "first_step_s": first_step_s,
@@ -221,28 +234,41 @@ def worker(args: argparse.Namespace) -> None:
     )
 
 
-def peak_memory_growth(device):
-    """Peak memory of the block: resident-set growth on the CPU, ``max_memory_allocated`` growth on CUDA."""
-    import contextlib
+def measurement() -> types.ModuleType:
+    """``_memory.py`` beside this file: the measuring tree's memory helpers, also in a worker whose ``--source``
+    maps ``polar_vit_hf`` to another tree (a ``--base`` revision may predate them)."""
+    if "_step_time_memory" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_step_time_memory", Path(__file__).with_name("_memory.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_step_time_memory"] = module  # before running it: its dataclass looks its module up
+        spec.loader.exec_module(module)
+    return sys.modules["_step_time_memory"]
 
+
+def peak_memory_growth(device: torch.device) -> contextlib.AbstractContextManager[MemoryGrowth]:
+    """Peak memory of the block: resident-set growth on the CPU, ``max_memory_allocated`` growth on CUDA."""
+    return measurement().peak_rss_growth() if device.type != "cuda" else cuda_allocated_growth(device)
+
+
+def tensor_memory_growth(device: torch.device) -> contextlib.AbstractContextManager[MemoryGrowth]:
+    """Peak tensor memory of the block: the live bytes of tensors allocated in it (``_memory.peak_tensor_growth``)
+    on the CPU, ``max_memory_allocated`` growth on CUDA."""
+    return measurement().peak_tensor_growth() if device.type != "cuda" else cuda_allocated_growth(device)
+
+
+@contextlib.contextmanager
+def cuda_allocated_growth(device: torch.device) -> Iterator[MemoryGrowth]:
+    """``max_memory_allocated`` growth of the block on a CUDA ``device`` (a ``_memory.MemoryGrowth``)."""
     import torch
 
-    if device.type != "cuda":
-        from polar_vit_hf.benchmarks._memory import peak_rss_growth
-
-        return peak_rss_growth()
-
-    @contextlib.contextmanager
-    def cuda_growth():
-        result = {"mib": 0.0}
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        yield result
-        torch.cuda.synchronize(device)
-        result["mib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-
-    return cuda_growth()
+    result = measurement().MemoryGrowth()
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    yield result
+    torch.cuda.synchronize(device)
+    result.mib = (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
 def saved_bytes(model, forward) -> int:
@@ -352,12 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "step_time.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["model", "params", "median_s", "peak_growth_mib", "saved_mib", "first_step_s"])
+        writer.writerow(["model", *CSV_FIELDS])
         for name in results:
-            r = results[name]
-            writer.writerow(
-                [name, *(r[key] for key in ("params", "median_s", "peak_growth_mib", "saved_mib", "first_step_s"))]
-            )
+            writer.writerow([name, *(results[name][key] for key in CSV_FIELDS)])
     plot(results, {name: label(name, args) for name in results}, out / "step_time.png", args)
     print(f"wrote {out / 'step_time.csv'} and {out / 'step_time.png'}")
     return 0
@@ -397,7 +420,7 @@ def measure(args: argparse.Namespace) -> dict | None:
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
         tqdm.write(
             f"{name}: {results[name]['median_s'] * 1e3:.0f} ms / step, "
-            f"{results[name]['peak_growth_mib']:.0f} MiB peak, "
+            f"{results[name]['peak_growth_mib']:.0f} MiB peak, {results[name]['peak_tensor_mib']:.0f} MiB of tensors, "
             f"{results[name]['saved_mib']:.0f} MiB saved"
         )
     return results
@@ -422,7 +445,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
     )
     print(
         f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {'peak RSS growth':>16} {'vs ViT':>7} "
-        f"{'saved for bwd':>14} {'vs ViT':>7} {'first step':>11}"
+        f"{'peak tensors':>13} {'vs ViT':>7} {'saved for bwd':>14} {'vs ViT':>7} {'first step':>11}"
     )
     euclid = results.get("euclidean")
     ratio = lambda name, key: (  # noqa: E731
@@ -437,6 +460,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
         print(
             f"{label(name, args):<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {ratio(name, 'median_s')} "
             f"{r['peak_growth_mib']:>12.0f} MiB {ratio(name, 'peak_growth_mib')} "
+            f"{r['peak_tensor_mib']:>9.0f} MiB {ratio(name, 'peak_tensor_mib')} "
             f"{r['saved_mib']:>10.0f} MiB {ratio(name, 'saved_mib')} {r['first_step_s']:>9.1f} s"
         )
     if args.interleave and euclid:
@@ -508,14 +532,15 @@ def plot(results: dict, labels: dict, path: Path, args: argparse.Namespace) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
     names = list(results)
     palette = plt.get_cmap("tab20")
     colors = [palette((2 * MODELS.index(n.removesuffix(BASE)) + n.endswith(BASE)) % palette.N) for n in names]
     for ax, key, scale, label in (
         (axes[0], "median_s", 1e3, "ms / forward (no_grad)" if args.inference else "ms / step (fwd + bwd)"),
-        (axes[1], "peak_growth_mib", 1.0, "peak RSS growth (MiB)"),
-        (axes[2], "saved_mib", 1.0, "saved for backward (MiB)"),
+        (axes[1], "peak_growth_mib", 1.0, "peak RSS growth, first step (MiB)"),
+        (axes[2], "peak_tensor_mib", 1.0, "peak tensor memory (MiB)"),
+        (axes[3], "saved_mib", 1.0, "saved for backward (MiB)"),
     ):
         ax.bar([labels[n] for n in names], [results[n][key] * scale for n in names], color=colors)
         ax.set_ylabel(label)

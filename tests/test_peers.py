@@ -54,6 +54,8 @@ def test_peers_without_checkouts_times_the_three_own_models_and_writes_its_table
         table = list(csv.DictReader(handle))
     assert [row["model"] for row in table] == ["euclidean", "polar", "ambient"]
     assert float(table[0]["vs_vit"]) == 1.0 and all(float(row["median_s"]) > 0 for row in table)
+    assert all(float(row["peak_tensor_mib"]) > 0 for row in table)
+    assert "peak memory x ViT: RSS, tensors" in out
     with open(tmp_path / "distance_error.csv") as handle:
         assert [float(row["radius"]) for row in csv.DictReader(handle)] == [1.0, 8.0]
     assert (tmp_path / "peers.png").stat().st_size > 0

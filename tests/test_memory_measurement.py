@@ -1,0 +1,32 @@
+"""``benchmarks/_memory.py``: the two peak-memory measurements count what they say they count."""
+
+from __future__ import annotations
+
+import torch
+
+from polar_vit_hf.benchmarks._memory import MemoryGrowth, peak_rss_growth, peak_tensor_growth
+
+MIB = 2**20 // 4  # float32 elements per MiB
+
+
+def test_peak_tensor_growth_is_the_most_bytes_allocated_in_the_block_alive_at_once():
+    before = torch.empty(4 * MIB)
+    with peak_tensor_growth() as growth:
+        first = torch.empty(8 * MIB)
+        del before  # allocated before the block: its release does not lower the count
+        second = torch.empty(4 * MIB)  # 12 MiB alive: the peak
+        del first
+        third = torch.empty(2 * MIB)  # 6 MiB alive
+    assert isinstance(growth, MemoryGrowth)
+    assert abs(growth.mib - 12.0) < 0.01
+    del second, third
+    with peak_tensor_growth() as nothing:
+        pass
+    assert nothing.mib == 0.0
+
+
+def test_peak_rss_growth_sees_the_pages_a_block_touches():
+    with peak_rss_growth() as growth:
+        touched = torch.ones(64 * MIB)
+    assert 60.0 < growth.mib
+    del touched
