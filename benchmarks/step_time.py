@@ -443,8 +443,9 @@ def report(results: dict, args: argparse.Namespace) -> None:
         f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}"
         + ("" if args.autocast == "none" else f", under torch.autocast({args.autocast})")
     )
+    first_peak = "peak RSS growth" if args.device == "cpu" else "first-step peak"  # CUDA: allocated bytes
     print(
-        f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {'peak RSS growth':>16} {'vs ViT':>7} "
+        f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {first_peak:>16} {'vs ViT':>7} "
         f"{'peak tensors':>13} {'vs ViT':>7} {'saved for bwd':>14} {'vs ViT':>7} {'first step':>11}"
     )
     euclid = results.get("euclidean")
