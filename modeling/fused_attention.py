@@ -31,9 +31,11 @@ from .runtime import runtime_options
 from .stable_math import distance_slope, exp_weights, kernel_acosh, safe_normalize, sinh_cosh
 
 CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
+PAIR_TERMS = 2  # per-pair terms the group backward returns last, so that its kernel stores them once
 
 __all__ = [
     "CHORD_PRODUCT_ABOVE",
+    "PAIR_TERMS",
     "FusedAmbientAttention",
     "FusedPolarAttention",
     "AmbientScores",
@@ -274,7 +276,10 @@ def _attention_group_backward(
     k: float,
 ) -> tuple[Tensor, ...]:
     """Backward of :class:`FusedPolarAttention` on one group (formulas in its docstring): gradients of ``(rq, uq,
-    rk, uk, rv, uv)`` and the per-slice scale gradient (all ``(G, ...)``)."""
+    rk, uk, rv, uv)``, the per-slice scale gradient (all ``(G, ...)``) and, last, the pairs' ``sinh(a_i - b_j)`` and
+    ``dD^2/dc`` ``(G, N, M)``, which the caller drops: as outputs, a compiled kernel stores them in the loop that
+    evaluates Eq. 5 instead of evaluating ``expm1``, ``sqrt`` and their divisions again in each loop that sums
+    them (:data:`PAIR_TERMS`)."""
     uq, uk, uv, u_hat, v_norm = rows.uq, rows.uk, rows.uv, saved.u_hat, saved.v_norm
     sinh_a, sinh_b, sinh_beta = rows.sinh_a, rows.sinh_b, rows.sinh_beta.unsqueeze(-1)
     values = value_operand(rows)
@@ -307,7 +312,8 @@ def _attention_group_backward(
     # softmax, scores and the scale: score = -scale k D^2, D^2 = 4 asinh(s)^2
     g_score = (g_p - (probs * g_p).sum(-1, keepdim=True)).mul_(probs)
     g_scale = (g_score * d.asinh_s.square()).sum(dim=(1, 2)) * (-4.0 * k)
-    g_c = g_score.mul_(distance_slope(2.0 * d.s_sq, d.asinh_s, d.root))  # dL/d(c) / (-scale k)
+    slope = distance_slope(2.0 * d.s_sq, d.asinh_s, d.root)
+    g_c = g_score.mul_(slope)  # dL/d(c) / (-scale k)
     # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
     g_c_sinh_x = g_c * sinh_x
     chord_g = chord.mul_(g_c)  # sums weighted by sinh b_j / sinh a_i (elementwise: matrix-vector bmm is slow)
@@ -330,6 +336,8 @@ def _attention_group_backward(
         g_beta / sk,
         g_uv,
         g_scale,
+        sinh_x,
+        slope,
     )
 
 
@@ -451,18 +459,17 @@ class FusedPolarAttention(torch.autograd.Function):
         parts = []
         for group in _batch_groups(batch, heads * n_q * uk.shape[2]):
             slots = slice(group.start * heads, group.stop * heads)
-            parts.append(
-                run_maybe_compiled(
-                    _attention_group_backward,
-                    uq,
-                    rows[group],
-                    RowStatistics(*(value[slots] for value in saved)),
-                    grad_r[group].flatten(0, 1),
-                    grad_u[group].flatten(0, 1),
-                    ctx.k,
-                    elements=batch * heads * n_q * uk.shape[2],
-                )
+            group_grads = run_maybe_compiled(
+                _attention_group_backward,
+                uq,
+                rows[group],
+                RowStatistics(*(value[slots] for value in saved)),
+                grad_r[group].flatten(0, 1),
+                grad_u[group].flatten(0, 1),
+                ctx.k,
+                elements=batch * heads * n_q * uk.shape[2],
             )
+            parts.append(group_grads[:-PAIR_TERMS])
         grads = [torch.cat(part) for part in zip(*parts)]
         shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
         return (*shaped, grads[-1].view(batch, heads).sum(0), None)

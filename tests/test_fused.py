@@ -18,7 +18,7 @@ from torch.autograd import gradcheck
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import polar_vit_hf as P
-from polar_vit_hf.modeling import fused_layers
+from polar_vit_hf.modeling import fused_attention, fused_layers
 from polar_vit_hf.modeling.fused_attention import AttentionRows, fused_ambient_attention, fused_polar_attention
 from polar_vit_hf.modeling.fused_gyro_norm import fused_gyro_layer_norm
 from polar_vit_hf.modeling.fused_layers import fused_boost_residual, fused_polar_fc, fused_reserved_axes_encoding
@@ -180,6 +180,33 @@ def test_fused_attention_reads_strided_heads_as_the_model_passes_them():
     strided = fused_polar_attention(*args)
     dense = fused_polar_attention(*(t.contiguous() for t in args))
     assert all(torch.equal(a, b) for a, b in zip(strided, dense))
+
+
+def test_attention_group_backward_returns_the_pair_terms_it_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-pair terms the group backward returns last (so that a compiled kernel stores them where it evaluates
+    Eq. 5) are ``sinh(a_i - b_j)`` and ``dD^2/dc`` with ``D = 2 asinh sqrt(c / 2)``: against ``torch.sinh`` and
+    autograd's derivative in float64, at radii up to 12, and the caller keeps only the gradients."""
+    args = [t.double().requires_grad_() for t in make_inputs(batch=2, heads=2, n_q=5, n_k=6, dim=4, rmax=12.0)]
+    calls = []
+    real = fused_attention.run_maybe_compiled
+
+    def spy(fn, like, *rest, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - a pass-through
+        out = real(fn, like, *rest, **kwargs)
+        if fn is fused_attention._attention_group_backward:
+            calls.append((rest[0], out))
+        return out
+
+    monkeypatch.setattr(fused_attention, "run_maybe_compiled", spy)
+    r, u = fused_polar_attention(*args)
+    grads = torch.autograd.grad(r.sum() + u.square().sum(), args)
+    assert len(calls) == 1 and len(grads) == len(calls[0][1]) - fused_attention.PAIR_TERMS
+    rows, out = calls[0]
+    sinh_x, slope = out[-fused_attention.PAIR_TERMS :]
+    assert torch.allclose(sinh_x, torch.sinh(rows.a.unsqueeze(-1) - rows.b.unsqueeze(-2)), rtol=1e-13, atol=0)
+    c = (2.0 * fused_attention.scaled_distances(fused_attention.pair_chords(rows.uq, rows.uk_t), rows).s_sq).detach()
+    c.requires_grad_()
+    (expected,) = torch.autograd.grad((4.0 * torch.asinh(torch.sqrt(0.5 * c)).square()).sum(), c)
+    assert torch.allclose(slope, expected, rtol=1e-12, atol=0)
 
 
 # --------------------------------------------------------------------------------------------
