@@ -1,5 +1,6 @@
 """Fused polar layers: the Polar-FC (Eq. 8), the relative position encodings on the reserved axes (Eq. 10, App. C;
-HoPE boost; HOPE rotation) and the boost residual (Eq. 12), each an autograd Function with a hand-derived backward.
+HoPE boost; HOPE rotation), the boost residual (Eq. 12) and the heads' direct concatenation (Sec. 4.2), each an
+autograd Function with a hand-derived backward.
 
 Each saves only its inputs, its output and per-token scalars, and recomputes the rest.  The formulas that the
 reference layers share with these (the Polar-FC epilogue :func:`polar_fc_epilogue`, the boost residual
@@ -11,6 +12,7 @@ This module is part of the remote code of exported checkpoints: it imports only 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -18,12 +20,15 @@ import torch
 from torch import Tensor
 
 from .cpu_kernels import first_order, opaque_to_torch_compile, recompute_vjp, run_maybe_compiled, sum_dims
+from .geometry import direct_concat
 from .stable_math import (
     asinh_exp,
     asinh_nonneg,
     perp_parts,
+    safe_norm,
     safe_normalize,
     safe_sqrt,
+    scaled_sinh_cosh,
     sinh_cosh,
     sinh_cosh_smooth,
     sinhc_sq,
@@ -33,15 +38,18 @@ GEMM_ALIGN = 8  # the Polar-FC's inner width n+1 is zero-padded to a multiple of
 
 __all__ = [
     "FusedBoostResidual",
+    "FusedDirectConcat",
     "FusedPolarFC",
     "FusedReservedAxesEncoding",
     "GEMM_ALIGN",
     "boost_residual_step",
     "fused_boost_residual",
+    "fused_direct_concat",
     "fused_polar_fc",
     "fused_reserved_axes_encoding",
     "gemm_width",
     "is_gelu",
+    "packed_direct_concat",
     "polar_fc_epilogue",
     "policy_matmul",
     "polar_fc_log_radius",
@@ -631,3 +639,67 @@ def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor |
     """Boost residual (Eq. 12) of ``x, f (B, N, n+1)`` (:class:`FusedBoostResidual`); ``strength (B, 1)`` or
     ``None``."""
     return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k))
+
+
+# --------------------------------------------------------------------------------------------
+# Lorentz direct concatenation of the heads (Sec. 4.2)
+# --------------------------------------------------------------------------------------------
+def packed_direct_concat(p: Tensor, k: float) -> Tensor:
+    """Lorentz direct concatenation (:func:`geometry.direct_concat`) of packed points ``(..., H, d+1)`` into one
+    packed point ``(..., H d + 1)``."""
+    r, u = direct_concat(p[..., 0], p[..., 1:], k)
+    return torch.cat([r.unsqueeze(-1), u], dim=-1)
+
+
+def _direct_concat_gradients(grad: Tensor, p: Tensor, out: Tensor, sqrt_k: float) -> Tensor:
+    r"""``dL/dp (..., H, d+1)`` of :func:`packed_direct_concat` from its input ``p = [r_h, u_h]``, its output
+    ``[R, U]`` and ``grad = [g_R, g_U]``.  With ``a_h = r_h / sqrt(k)``, ``P = concat_h(sinh a_h u_h)`` and
+    ``n = ||P|| = sinh(R / sqrt(k))``, ``R = sqrt(k) arsinh(n)`` and ``U = P / n`` give
+
+        g_P = g_R sqrt(k) U / sqrt(1 + n^2) + (g_U - (g_U . U) U) / n,
+        g_u_h = sinh a_h g_P_h,   g_r_h = cosh a_h (g_P_h . u_h) / sqrt(k),
+
+    every factor scaled by ``e^{-max_h a_h}`` as in the forward (no overflow at any radius); all zero where every
+    radius is 0 (the reference's subgradient)."""
+    heads, dim = p.shape[-2], p.shape[-1] - 1
+    a, u = p[..., 0] / sqrt_k, p[..., 1:]
+    top = a.amax(-1, keepdim=True)
+    sinh_a, cosh_a = scaled_sinh_cosh(a, top)  # (..., H), times e^{-top}
+    norm = safe_norm((sinh_a.unsqueeze(-1) * u).flatten(-2))  # n e^{-top}
+    positive = norm > 0
+    inv_norm = torch.where(positive, torch.reciprocal(torch.where(positive, norm, 1.0)), 0.0)
+    # dR/dn e^{top} = sqrt(k) / sqrt(1 + n^2) e^{top} = sqrt(k) / sqrt(e^{-2 top} + (n e^{-top})^2)
+    slope = sqrt_k * torch.rsqrt(torch.exp(-2.0 * top[..., 0]) + norm.square())
+    radial = torch.where(positive, grad[..., 0] * slope, 0.0)
+    big_u = out[..., 1:].unflatten(-1, (heads, dim))
+    g_big_u = grad[..., 1:].unflatten(-1, (heads, dim))
+    tangent = g_big_u - (g_big_u * big_u).sum((-2, -1), keepdim=True) * big_u
+    g_parts = radial[..., None, None] * big_u + inv_norm[..., None, None] * tangent  # g_P e^{top}
+    g_r = cosh_a * (g_parts * u).sum(-1) / sqrt_k
+    return torch.cat([g_r.unsqueeze(-1), sinh_a.unsqueeze(-1) * g_parts], dim=-1)
+
+
+class FusedDirectConcat(torch.autograd.Function):
+    r"""The heads' Lorentz direct concatenation (Sec. 4.2, :func:`packed_direct_concat`) with the hand-derived
+    backward of :func:`_direct_concat_gradients`.  Saved: the input and the output (which the output projection
+    keeps anyway); nothing is recomputed but the per-head ``sinh`` / ``cosh`` and ``||P||`` per token."""
+
+    @staticmethod
+    def forward(ctx: Any, p: Tensor, k: float) -> Tensor:  # noqa: D102
+        out = run_maybe_compiled(packed_direct_concat, p, p, k)
+        ctx.save_for_backward(p, out)
+        ctx.sqrt_k = math.sqrt(k)
+        return out
+
+    @staticmethod
+    @first_order
+    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
+        p, out = ctx.saved_tensors
+        return run_maybe_compiled(_direct_concat_gradients, p, grad.contiguous(), p, out, ctx.sqrt_k), None
+
+
+@opaque_to_torch_compile
+def fused_direct_concat(p: Tensor, k: float) -> Tensor:
+    """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)`` of packed points
+    (:class:`FusedDirectConcat`)."""
+    return FusedDirectConcat.apply(p, float(k))

@@ -37,6 +37,7 @@ from .stable_math import (
     perp,
     safe_norm,
     safe_normalize,
+    scaled_sinh_cosh,
 )
 from .subgroups import boost, busemann_nu, horoshift, rotate
 from .validation import (
@@ -167,9 +168,7 @@ def direct_concat(r: Tensor, u: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Ten
     sk = _sqrt_k(k)
     a = r / sk
     top = a.amax(-1, keepdim=True).detach()
-    # sinh(a_h) e^{-top} = (e^{a_h - top} - e^{-a_h - top}) / 2, all factors <= 1
-    scaled = 0.5 * (torch.exp(a - top) - torch.exp(-a - top))
-    parts = (scaled.unsqueeze(-1) * u).flatten(-2)
+    parts = (scaled_sinh_cosh(a, top)[0].unsqueeze(-1) * u).flatten(-2)  # concat_h(sinh a_h u_h) e^{-top}
     norm = safe_norm(parts)
     positive = norm > 0
     log_sinh = top.squeeze(-1) + torch.log(torch.where(positive, norm, torch.ones_like(norm)))

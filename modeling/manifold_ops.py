@@ -52,9 +52,11 @@ from .fused_gyro_norm import fused_gyro_layer_norm
 from .fused_layers import (
     boost_residual_step,
     fused_boost_residual,
+    fused_direct_concat,
     fused_polar_fc,
     fused_reserved_axes_encoding,
     is_gelu,
+    packed_direct_concat,
     polar_fc_epilogue,
     polar_fc_log_radius,
     policy_matmul,
@@ -65,7 +67,6 @@ from .geometry import (
     beta_split,
     boost,
     centroid,
-    direct_concat,
     from_space,
     gyroadd_space,
     gyrocenter,
@@ -105,17 +106,9 @@ __all__ = [
     "ManifoldOps",
     "PolarOps",
     "make_ops",
-    "packed_direct_concat",
     "product",
     "product_dtype",
 ]
-
-
-def packed_direct_concat(p: Tensor, k: float) -> Tensor:
-    """Lorentz direct concatenation (:func:`geometry.direct_concat`) of packed points ``(..., H, d+1)`` into one
-    packed point ``(..., H d + 1)``."""
-    r, u = direct_concat(p[..., 0], p[..., 1:], k)
-    return torch.cat([r.unsqueeze(-1), u], dim=-1)
 
 
 class ManifoldOps(ABC):
@@ -432,8 +425,8 @@ class FusedPolarOps(_PolarPoints):
         return fused_reserved_axes_encoding(p, t_rows, t_cols, kind, self.sqrt_k)
 
     def concat_heads(self, p: Tensor) -> Tensor:
-        """No autograd graph of its intermediates (a compiled kernel on the CPU)."""
-        return recomputed(packed_direct_concat, p, constants=(self.k,))
+        """Hand-derived backward from the input and the output (a compiled kernel each way on the CPU)."""
+        return fused_direct_concat(p, self.k)
 
 
 class AmbientOps(ManifoldOps):

@@ -59,6 +59,7 @@ __all__ = [
     "safe_norm",
     "safe_normalize",
     "safe_sqrt",
+    "scaled_sinh_cosh",
     "sinh_cosh",
     "sinh_cosh_smooth",
     "sinhc_sq",
@@ -181,6 +182,16 @@ def sinh_cosh_smooth(x: Tensor) -> tuple[Tensor, Tensor]:
     """``(sinh x, cosh x)`` for code differentiated by autograd (smooth at ``x = 0``):
     ``sinh x = (expm1(x) - expm1(-x)) / 2`` (two terms of one sign), ``cosh x = (e^x + e^{-x}) / 2``."""
     return 0.5 * (torch.expm1(x) - torch.expm1(-x)), 0.5 * (torch.exp(x) + torch.exp(-x))
+
+
+def scaled_sinh_cosh(a: Tensor, top: Tensor) -> tuple[Tensor, Tensor]:
+    """``(sinh a e^{-top}, cosh a e^{-top})`` for ``0 <= a <= top`` (a radius and the largest of its group):
+    ``e^{a - top} (1 -+ e^{-2a}) / 2`` with ``1 - e^{-2a} = -expm1(-2a)``.  Every factor is at most 1 (no overflow
+    at any radius) and of one sign (no cancellation at small ``a``, where ``e^{a - top} - e^{-a - top}`` loses the
+    digits of ``a``); smooth in ``a`` (autograd differentiates it)."""
+    one_minus = -torch.expm1(-2.0 * a)
+    half_scale = 0.5 * torch.exp(a - top)
+    return half_scale * one_minus, half_scale * (2.0 - one_minus)
 
 
 def cosh_minus_one(x: Tensor) -> tuple[Tensor, Tensor]:

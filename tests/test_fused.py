@@ -32,6 +32,7 @@ from polar_vit_hf.modeling.stable_math import (
     exp_weights,
     kernel_acosh,
     kernel_log1p,
+    scaled_sinh_cosh,
     sinh_cosh,
 )
 
@@ -68,6 +69,30 @@ def test_scalar_helpers_match_torch_in_float64_and_float32():
     got = asinh_sqrt_half(c32)[0].double()
     want = torch.asinh(torch.sqrt(c32.double() / 2))
     assert ((got - want).abs() <= 4 * 2**-24 * want).all()
+
+
+def test_scaled_sinh_cosh_has_no_cancellation_at_small_radii():
+    """``(sinh a, cosh a) e^{-top}`` (the direct concatenation's scaled terms) against mpmath on the same inputs,
+    in float64 and float32, from ``a = 1e-30`` to 80 below and at ``top``, where ``e^{a - top} - e^{-a - top}``
+    loses the digits of ``a``: a few ulp, plus the rounding of ``a - top`` (half an ulp of ``|a - top|``, which
+    ``e^{a - top}`` turns into a relative error).  Smooth: gradcheck through ``a = 0``."""
+    a = torch.cat([torch.zeros(1, dtype=F64), torch.logspace(-30, math.log10(80.0), 200, dtype=F64)])
+    for dtype in (F64, torch.float32):
+        eps = torch.finfo(dtype).eps
+        for top in (a, a + 3.0, torch.full_like(a, 90.0)):
+            x, t = a.to(dtype), top.to(dtype)
+            got = [v.double() for v in scaled_sinh_cosh(x, t)]
+            with mpmath.workdps(40):
+                for f, value in zip((mpmath.sinh, mpmath.cosh), got):
+                    want = torch.tensor(
+                        [float(f(mpmath.mpf(float(xi))) * mpmath.exp(-mpmath.mpf(float(ti)))) for xi, ti in zip(x, t)],
+                        dtype=F64,
+                    )
+                    slack = 4 * eps * (1.0 + (x.double() - t.double()).abs())
+                    # (below the smallest normal number, ``e^{-top}`` underflows: an absolute bound)
+                    assert ((value - want).abs() <= slack * want + torch.finfo(dtype).tiny).all(), (dtype, f)
+    points = torch.tensor([-1e-3, 0.0, 1e-3, 1.5], dtype=F64, requires_grad=True)
+    assert gradcheck(lambda t: scaled_sinh_cosh(t, torch.tensor(2.0, dtype=F64)), (points,))
 
 
 # --------------------------------------------------------------------------------------------
@@ -733,16 +758,19 @@ def test_stacked_qkv_projection_equals_the_three_polar_fcs_and_respects_hooks():
 
 
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
-@pytest.mark.parametrize("rmax", RADII)
-def test_recomputed_direct_concat_matches_the_reference_and_gradcheck(rmax, arithmetic):
-    """Fused, the heads' direct concatenation (Sec. 4.2) runs as a RecomputedFunction (forward recomputed in
-    backward, differentiated by torch.func.vjp) and in ambient coordinates as a SpaceToPoint (its output only
-    kept): the same value and gradients as autograd through the reference, and gradcheck in float64, heads at the
-    origin included."""
+@pytest.mark.parametrize("rmax", (*RADII, 30.0))
+def test_fused_direct_concat_matches_the_reference_and_gradcheck(rmax, arithmetic):
+    """Fused, the heads' direct concatenation (Sec. 4.2) runs as a FusedDirectConcat (hand-derived backward from
+    its input and output) and in ambient coordinates as a SpaceToPoint (its output only kept): the same value and
+    gradients as autograd through the reference, and gradcheck in float64, with every head of a token at the
+    origin, one head at the origin and a token whose heads share one direction."""
     fused_ops, reference_ops = (FusedPolarOps, PolarOps) if arithmetic == "polar" else (FusedAmbientOps, AmbientOps)
     r = radii(2, 5, 3, rmax=rmax, seed=4)
     r[0, 0] = 0.0  # every head of one token at the origin
-    p = reference_ops(0.8).make(r, directions(2, 5, 3, 4, seed=4))  # (B, N, H, d+1)
+    r[1, 0, 1] = 0.0  # one head at the origin
+    u = directions(2, 5, 3, 4, seed=4)
+    u[1, 2] = u[1, 2, :1]  # aligned: the heads of one token share a direction
+    p = reference_ops(0.8).make(r, u)  # (B, N, H, d+1)
     weights = torch.linspace(-1.0, 1.0, 2 * 5 * 13, dtype=F64).view(2, 5, 13)
     results = []
     for ops in (fused_ops, reference_ops):
@@ -752,11 +780,46 @@ def test_recomputed_direct_concat_matches_the_reference_and_gradcheck(rmax, arit
         results.append((out.detach(), grad))
     (out_f, grad_f), (out_r, grad_r) = results
     assert torch.equal(out_f, out_r)
-    assert torch.allclose(grad_f, grad_r, rtol=1e-12, atol=1e-14)
-    if rmax > 0:
+    assert torch.allclose(grad_f, grad_r, rtol=1e-12, atol=1e-14 * max(1.0, float(grad_r.abs().max())))
+    if rmax > 0 and (arithmetic == "polar" or rmax <= 12):  # (x_0 ~ e^30: beyond finite differences)
         assert gradcheck(lambda t: fused_ops(0.8).concat_heads(t), [p[1:].clone().requires_grad_(True)])
-    if arithmetic == "ambient":  # it keeps its output and nothing else
-        saved: list[torch.Tensor] = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-            out = FusedAmbientOps(0.8).concat_heads(p.clone().requires_grad_(True))
-        assert [t.untyped_storage().data_ptr() for t in saved] == [out.untyped_storage().data_ptr()]
+    # it keeps its output (which the output projection keeps anyway) and, in polar form, its input
+    saved: list[torch.Tensor] = []
+    leaf = p.clone().requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = fused_ops(0.8).concat_heads(leaf)
+    kept = [out] if arithmetic == "ambient" else [leaf, out]
+    assert [t.untyped_storage().data_ptr() for t in saved] == [t.untyped_storage().data_ptr() for t in kept]
+
+
+@pytest.mark.parametrize("rmax", (0.0, 1e-6, 1e-4, 0.5, 4.0, 8.0, 12.0, 30.0))
+def test_direct_concat_float32_against_mpmath(rmax):
+    """Float32 direct concatenation against a 40-digit evaluation on the same float32 inputs:
+    ``R = sqrt(k) arsinh(sqrt(sum_h sinh^2 a_h))`` to 1e-6 relative and ``U = concat_h(sinh a_h u_h) / sinh(R /
+    sqrt(k))`` to 1e-6 (unit vectors), at every radius; the smallest too, where the difference of two exponentials
+    lost the digits of the radius (2 % at r = 1e-6).  Its gradients within 1e-5 of float64's."""
+    k = 0.8
+    r = radii(3, 4, rmax=rmax, seed=7).float()
+    u = directions(3, 4, 5, seed=7).float()
+    p = torch.cat([r.unsqueeze(-1), u], dim=-1)
+    out = FusedPolarOps(k).concat_heads(p)
+    with mpmath.workdps(40):
+        sk = mpmath.sqrt(mpmath.mpf(k))
+        for token in range(3):
+            space = [
+                mpmath.sinh(mpmath.mpf(float(r[token, h])) / sk) * mpmath.mpf(float(u[token, h, i]))
+                for h in range(4)
+                for i in range(5)
+            ]
+            n = mpmath.sqrt(sum(x * x for x in space))
+            want_r = float(sk * mpmath.asinh(n))
+            assert abs(float(out[token, 0]) - want_r) <= 1e-6 * want_r
+            want_u = [float(x / n) if n > 0 else float(i == 0) for i, x in enumerate(space)]
+            assert max(abs(float(got) - want) for got, want in zip(out[token, 1:], want_u)) <= 1e-6
+    weights = torch.linspace(-1.0, 1.0, 21).expand(3, 21)
+    grads = []
+    for t in (p, p.double()):
+        leaf = t.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad((FusedPolarOps(k).concat_heads(leaf) * weights.to(t.dtype)).sum(), leaf)
+        grads.append(grad.double())
+    assert (grads[0] - grads[1]).abs().max() <= 1e-5 * max(1.0, float(grads[1].abs().max()))
