@@ -20,12 +20,11 @@ import torch
 from torch import Tensor
 
 from .cpu_kernels import first_order, opaque_to_torch_compile, recompute_vjp, run_maybe_compiled, sum_dims
-from .geometry import direct_concat
+from .geometry import concat_norm, direct_concat
 from .stable_math import (
     asinh_exp,
     asinh_nonneg,
     perp_parts,
-    safe_norm,
     safe_normalize,
     safe_sqrt,
     scaled_sinh_cosh,
@@ -665,7 +664,7 @@ def _direct_concat_gradients(grad: Tensor, p: Tensor, out: Tensor, sqrt_k: float
     a, u = p[..., 0] / sqrt_k, p[..., 1:]
     top = a.amax(-1, keepdim=True)
     sinh_a, cosh_a = scaled_sinh_cosh(a, top)  # (..., H), times e^{-top}
-    norm = safe_norm((sinh_a.unsqueeze(-1) * u).flatten(-2))  # n e^{-top}
+    norm = concat_norm(sinh_a.unsqueeze(-1) * u)  # n e^{-top}
     positive = norm > 0
     inv_norm = torch.where(positive, torch.reciprocal(torch.where(positive, norm, 1.0)), 0.0)
     # dR/dn e^{top} = sqrt(k) / sqrt(1 + n^2) e^{top} = sqrt(k) / sqrt(e^{-2 top} + (n e^{-top})^2)
@@ -673,7 +672,7 @@ def _direct_concat_gradients(grad: Tensor, p: Tensor, out: Tensor, sqrt_k: float
     radial = torch.where(positive, grad[..., 0] * slope, 0.0)
     big_u = out[..., 1:].unflatten(-1, (heads, dim))
     g_big_u = grad[..., 1:].unflatten(-1, (heads, dim))
-    tangent = g_big_u - (g_big_u * big_u).sum((-2, -1), keepdim=True) * big_u
+    tangent = g_big_u - (g_big_u * big_u).sum(-1).sum(-1)[..., None, None] * big_u  # (per head, then per token)
     g_parts = radial[..., None, None] * big_u + inv_norm[..., None, None] * tangent  # g_P e^{top}
     g_r = cosh_a * (g_parts * u).sum(-1) / sqrt_k
     return torch.cat([g_r.unsqueeze(-1), sinh_a.unsqueeze(-1) * g_parts], dim=-1)

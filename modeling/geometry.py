@@ -37,6 +37,7 @@ from .stable_math import (
     perp,
     safe_norm,
     safe_normalize,
+    safe_sqrt,
     scaled_sinh_cosh,
 )
 from .subgroups import boost, busemann_nu, horoshift, rotate
@@ -168,12 +169,20 @@ def direct_concat(r: Tensor, u: Tensor, k: Curvature = 1.0) -> tuple[Tensor, Ten
     sk = _sqrt_k(k)
     a = r / sk
     top = a.amax(-1, keepdim=True).detach()
-    parts = (scaled_sinh_cosh(a, top)[0].unsqueeze(-1) * u).flatten(-2)  # concat_h(sinh a_h u_h) e^{-top}
-    norm = safe_norm(parts)
+    parts = scaled_sinh_cosh(a, top)[0].unsqueeze(-1) * u  # (sinh a_h u_h) e^{-top}, (..., H, d)
+    norm = concat_norm(parts)
     positive = norm > 0
     log_sinh = top.squeeze(-1) + torch.log(torch.where(positive, norm, torch.ones_like(norm)))
     radius = torch.where(positive, asinh_exp(log_sinh), torch.zeros_like(norm))
-    return sk * radius, safe_normalize(parts)
+    return sk * radius, safe_normalize(parts.flatten(-2), norm)
+
+
+def concat_norm(parts: Tensor) -> Tensor:
+    """``||concat_h(v_h)||`` of ``parts (..., H, d)`` with a zero subgradient at 0: summed over each head's
+    coordinates, then over the heads, so a compiled kernel loops over contiguous coordinates (over the flattened
+    ``H d`` coordinates of the heads' strided view inductor emits scalar code with an integer division per
+    element)."""
+    return safe_sqrt(parts.square().sum(-1).sum(-1))
 
 
 def beta_coefficient(n: int) -> float:
