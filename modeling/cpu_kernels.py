@@ -214,9 +214,11 @@ def kernel(fn: Callable) -> Callable:
 
 
 def _detached(value: Any) -> Any:
-    """``value`` with every tensor detached, inside (named) tuples too."""
+    """``value`` with every tensor that requires grad detached, inside (named) tuples too; the others are passed as
+    they are (a kernel's arguments are mostly computed where autograd records nothing: detaching them too cost a
+    ``detach`` call each, thousands per training step)."""
     if isinstance(value, Tensor):
-        return value.detach()
+        return value.detach() if value.requires_grad else value
     if isinstance(value, tuple):
         items = [_detached(item) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)

@@ -415,6 +415,25 @@ def test_a_kernel_compiles_one_variant_per_kind_of_arguments(kernels_on, tmp_pat
         assert (fresh.loads, fresh.compiles) == (1, 0)
 
 
+def test_arguments_that_require_grad_are_detached_and_share_the_variant_of_those_that_do_not(
+    kernels_on, tmp_path, monkeypatch
+):
+    """A kernel detaches its arguments that require grad and passes the others as they are: the guards see the same
+    arguments either way, so one variant serves both (a variant's guards check ``requires_grad``)."""
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels.clear_compiled()
+    run = cpu_kernels.kernel(FL._boost_residual_forward)
+    x, f = points(2, 9, 8, 2.0, 4).float(), points(2, 9, 8, 2.0, 5).float()
+    alpha = torch.tensor(0.5)
+    with torch.no_grad():  # as inside an autograd Function
+        plain = run(x, f, alpha, None, 1.0)
+        tracked = run(x.clone().requires_grad_(), f, alpha.clone().requires_grad_(), None, 1.0)
+    assert torch.equal(plain, tracked) and not tracked.requires_grad
+    assert torch.allclose(plain, FL._boost_residual_forward(x, f, alpha, None, 1.0), rtol=1e-6, atol=1e-6)
+    assert cpu_kernels.compiled_functions()[FL._boost_residual_forward].compiles == 1
+    cpu_kernels.clear_compiled()
+
+
 def test_saved_variants_are_tried_for_the_calls_kind_of_arguments_then_the_most_recently_used_first(tmp_path):
     """Files named for the call's :func:`cpu_kernels.argument_kinds` first, each group newest use first; using a
     variant stamps its file, so the next process tries it first."""
