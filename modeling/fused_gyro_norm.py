@@ -30,7 +30,15 @@ from .cpu_kernels import (
 )
 from .fused_attention import centroid_row_gradients
 from .geometry import centroid_radius
-from .stable_math import asinh_nonneg, asinh_sqrt_half, cosh_minus_one, distance_slope, safe_normalize, sinh_cosh
+from .stable_math import (
+    asinh_nonneg,
+    asinh_sqrt_half,
+    cosh_minus_one,
+    distance_slope,
+    inverse_or_zero,
+    safe_normalize,
+    sinh_cosh,
+)
 
 __all__ = [
     "FusedGyroLayerNorm",
@@ -80,7 +88,7 @@ def polar_from_z_backward(g_r: Tensor, g_u: Tensor, u: Tensor, norm: Tensor, sqr
     """``dL/dz`` of :func:`polar_from_z`: ``sqrt(k) g_r / sqrt(1 + |z|^2) u + (g_u - (g_u.u) u) / |z|``, 0 at
     ``z = 0``."""
     nonzero = norm > 0
-    inv = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    inv = inverse_or_zero(norm)
     radial = torch.where(nonzero, sqrt_k * g_r / torch.sqrt(1.0 + norm * norm), torch.zeros_like(norm))
     coef = radial - (g_u * u).sum(-1) * inv
     return torch.addcmul(g_u * inv.unsqueeze(-1), coef.unsqueeze(-1), u)

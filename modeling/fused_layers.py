@@ -24,6 +24,7 @@ from .geometry import concat_norm, direct_concat
 from .stable_math import (
     asinh_exp,
     asinh_nonneg,
+    inverse_or_zero,
     perp_parts,
     safe_normalize,
     safe_sqrt,
@@ -167,8 +168,7 @@ def _polar_fc_epilogue_backward(
     u_out, g_u_out = out[..., 1:], grad_out[..., 1:]
     g_l = grad_out[..., 0] * sqrt_k * torch.tanh(out[..., 0] / sqrt_k)  # (T, H)
     coef = (g_l * norm_power if norm_power is not None else g_l) - (g_u_out * u_out).sum(-1)
-    nonzero = norm > 0
-    inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    inv_norm = inverse_or_zero(norm)
     g_h = torch.addcmul(g_u_out, coef.unsqueeze(-1), u_out) * inv_norm.unsqueeze(-1)
     return (g_h if pre is None else torch.ops.aten.gelu_backward(g_h, pre)), g_l
 
@@ -556,8 +556,7 @@ def _boost_residual_backward(
     g_dir = grad[..., 1:] * flip.unsqueeze(-1)
     # direction = D / |D| with D = tanh(a) u + sinhc(omega) step v_perp
     norm, direction = st.norm, st.direction
-    nonzero = norm > 0
-    inv = torch.where(nonzero, 1.0 / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    inv = inverse_or_zero(norm)
     g_big_d = (g_dir - (g_dir * direction).sum(-1, keepdim=True) * direction) * inv.unsqueeze(-1)
     tanh_a, sinhc = st.tanh_a, st.sinhc
     g_a = (1.0 - tanh_a.square()) * (g_big_d * u).sum(-1)
@@ -666,7 +665,7 @@ def _direct_concat_gradients(grad: Tensor, p: Tensor, out: Tensor, sqrt_k: float
     sinh_a, cosh_a = scaled_sinh_cosh(a, top)  # (..., H), times e^{-top}
     norm = concat_norm(sinh_a.unsqueeze(-1) * u)  # n e^{-top}
     positive = norm > 0
-    inv_norm = torch.where(positive, torch.reciprocal(torch.where(positive, norm, 1.0)), 0.0)
+    inv_norm = inverse_or_zero(norm)
     # dR/dn e^{top} = sqrt(k) / sqrt(1 + n^2) e^{top} = sqrt(k) / sqrt(e^{-2 top} + (n e^{-top})^2)
     slope = sqrt_k * torch.rsqrt(torch.exp(-2.0 * top[..., 0]) + norm.square())
     radial = torch.where(positive, grad[..., 0] * slope, 0.0)

@@ -49,6 +49,7 @@ __all__ = [
     "cosh_minus_one",
     "cosh_sinhc_sq",
     "distance_slope",
+    "inverse_or_zero",
     "exp_weights",
     "weight_cutoff",
     "kernel_acosh",
@@ -232,6 +233,13 @@ def safe_sqrt(sq: Tensor) -> Tensor:
 def safe_norm(v: Tensor) -> Tensor:
     """``||v||`` along the last axis with a zero (sub)gradient at ``v = 0``."""
     return safe_sqrt(v.square().sum(-1))
+
+
+def inverse_or_zero(norm: Tensor) -> Tensor:
+    """``1 / norm`` where ``norm > 0``, else 0: the factor of a normalisation's backward, zero (the subgradient) at
+    the zero vector."""
+    positive = norm > 0
+    return torch.where(positive, torch.reciprocal(torch.where(positive, norm, 1.0)), 0.0)
 
 
 def safe_normalize(v: Tensor, norm: Tensor | None = None) -> Tensor:
