@@ -459,6 +459,40 @@ def test_fused_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_p
     )
 
 
+def test_boost_residual_kernels_return_the_token_terms_they_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-token terms the boost residual's kernel functions return last (so that a compiled kernel stores them
+    once per token) are ``sinhc(omega) = sinh(omega) / omega`` of the perpendicular step (1 at ``omega = 0``: an
+    update along the token's own direction) and ``tanh a``: against torch in float64 at radii up to 12, and the
+    Function keeps only its output and its gradients."""
+    x = PolarOps.make(radii(2, 5, rmax=12.0), directions(2, 5, 6)).requires_grad_(True)
+    f_dirs = directions(2, 5, 6, seed=3)
+    f_dirs[0, 1] = x[0, 1, 1:].detach()  # aligned: no perpendicular step
+    f = PolarOps.make(radii(2, 5, rmax=3.0, seed=4), f_dirs).requires_grad_(True)
+    alpha = torch.tensor(0.7, dtype=F64, requires_grad=True)
+    calls = {}
+    real = fused_layers.run_maybe_compiled
+
+    def spy(fn, like, *rest, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - a pass-through
+        out = real(fn, like, *rest, **kwargs)
+        calls[fn.__name__] = out
+        return out
+
+    monkeypatch.setattr(fused_layers, "run_maybe_compiled", spy)
+    out = fused_boost_residual(x, f, alpha, None, 1.0)
+    grads = torch.autograd.grad((out * torch.randn_like(out)).sum(), [x, f, alpha])
+    forward, backward = calls["_boost_residual_forward"], calls["_boost_residual_gradients"]
+    assert torch.equal(forward[0], out) and len(forward) == 1 + fused_layers.TOKEN_TERMS
+    assert all(torch.equal(a, b) for a, b in zip(grads, backward)) and len(backward) == 3 + fused_layers.TOKEN_TERMS
+    state = fused_layers._boost_residual_output(x.detach(), f.detach(), alpha.detach(), None, 1.0)[1]
+    omega = state.omega_sq.sqrt()
+    assert (omega[0, 1] == 0).item() and (omega[1] > 0).all()
+    sinhc = torch.where(omega > 0, torch.sinh(omega) / torch.where(omega > 0, omega, 1.0), 1.0)
+    for terms in (forward, backward):
+        got_sinhc, got_tanh = terms[-fused_layers.TOKEN_TERMS :]
+        assert torch.allclose(got_sinhc, sinhc, rtol=1e-13, atol=0)
+        assert torch.allclose(got_tanh, torch.tanh(x[..., 0].detach()), rtol=1e-14, atol=0)
+
+
 # --------------------------------------------------------------------------------------------
 # the ambient twin's fused layers
 # --------------------------------------------------------------------------------------------
