@@ -490,15 +490,18 @@ def boost_residual_step(
     b: Tensor,
     v: Tensor,
     alpha: Tensor,
+    saved: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, BoostResidualState]:
     """Eq. 12 for ``x = (a, u)`` and ``f(x) = (b, v)`` (radii over ``sqrt(k)``; ``b`` already scaled by the
     stochastic depth), over the tokens of each sample ``(..., N)``: ``(|a'|, u', state)`` with
 
         a' = a + alpha (b_par - mean_N b_par),   b_par = b (u . v),
-        u' = sign(a') normalize(tanh(a) u + sinhc(alpha b |v_perp|) alpha b v_perp)
+        u' = sign(a') D / |D|,   D = tanh(a) u + sinhc(alpha b |v_perp|) alpha b v_perp
 
     and the stable ``v_perp`` of :func:`stable_math.perp_parts`.  Differentiable by autograd (the reference layer)
-    and the forward of :class:`FusedBoostResidual` (whose backward is by hand).
+    and the forward of :class:`FusedBoostResidual` (whose backward is by hand).  ``saved`` holds ``(u', |D|)`` of
+    an earlier evaluation at the same inputs (the backward's recomputation, from the forward's output): ``D`` is
+    then not formed again, and the returned ``u'`` is the saved one.
     """
     v_perp, sign, h, d = perp_parts(v, u)
     cos = (u * v).sum(-1)
@@ -508,10 +511,14 @@ def boost_residual_step(
     omega_sq = step.square() * v_perp.square().sum(-1)
     sinhc, cosh_w, _, small = sinhc_sq(omega_sq)
     tanh_a = torch.tanh(a)
-    big_d = torch.addcmul(tanh_a.unsqueeze(-1) * u, (sinhc * step).unsqueeze(-1), v_perp)
-    norm = torch.linalg.vector_norm(big_d, dim=-1)
-    direction = safe_normalize(big_d, norm)
-    flip = torch.where(a_new < 0, -1.0, 1.0).to(direction.dtype)
+    flip = torch.where(a_new < 0, -1.0, 1.0).to(u.dtype)
+    if saved is None:
+        big_d = torch.addcmul(tanh_a.unsqueeze(-1) * u, (sinhc * step).unsqueeze(-1), v_perp)
+        norm = torch.linalg.vector_norm(big_d, dim=-1)
+        direction = safe_normalize(big_d, norm)
+    else:  # D / |D| = sign(a') u' (the backward's projection is the same for either sign)
+        u_new, norm = saved
+        direction = flip.unsqueeze(-1) * u_new
     state = BoostResidualState(
         u,
         v,
@@ -536,6 +543,21 @@ def boost_residual_step(
     return a_new.abs(), flip.unsqueeze(-1) * direction, state
 
 
+def _boost_residual_state(
+    x: Tensor,
+    f: Tensor,
+    alpha: Tensor,
+    strength: Tensor | None,
+    sqrt_k: float,
+    saved: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, BoostResidualState]:
+    """:func:`boost_residual_step` on packed points ``x``, ``f``."""
+    b = f[..., 0] / sqrt_k
+    return boost_residual_step(
+        x[..., 0] / sqrt_k, x[..., 1:], b if strength is None else b * strength, f[..., 1:], alpha, saved
+    )
+
+
 def _boost_residual_output(
     x: Tensor,
     f: Tensor,
@@ -544,10 +566,7 @@ def _boost_residual_output(
     sqrt_k: float,
 ) -> tuple[Tensor, BoostResidualState]:
     """The packed output ``[sqrt(k) |a'|, u']`` of :func:`boost_residual_step` on packed points, and its state."""
-    b = f[..., 0] / sqrt_k
-    radius, direction, state = boost_residual_step(
-        x[..., 0] / sqrt_k, x[..., 1:], b if strength is None else b * strength, f[..., 1:], alpha
-    )
+    radius, direction, state = _boost_residual_state(x, f, alpha, strength, sqrt_k)
     return torch.cat([(sqrt_k * radius).unsqueeze(-1), direction], dim=-1), state
 
 
@@ -607,25 +626,34 @@ def _token_terms(state: BoostResidualState) -> tuple[Tensor, Tensor]:
 
 def _boost_residual_forward(
     x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The output of :func:`_boost_residual_output` (the Function's forward kernel), then :func:`_token_terms`."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The output of :func:`_boost_residual_output` and ``|D|`` per token (the Function's forward kernel), then
+    :func:`_token_terms`."""
     out, state = _boost_residual_output(x, f, alpha, strength, sqrt_k)
-    return out, *_token_terms(state)
+    return out, state.norm, *_token_terms(state)
 
 
 def _boost_residual_gradients(
-    grad: Tensor, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float
+    grad: Tensor,
+    x: Tensor,
+    f: Tensor,
+    alpha: Tensor,
+    strength: Tensor | None,
+    out: Tensor,
+    norm: Tensor,
+    sqrt_k: float,
 ) -> tuple[Tensor, ...]:
-    """The forward recomputed, then :func:`_boost_residual_backward`: ``(dL/dx, dL/df, dL/dalpha)``, then
-    :func:`_token_terms`."""
-    state = _boost_residual_output(x, f, alpha, strength, sqrt_k)[1]
+    """The forward recomputed with its output's direction and ``|D|`` (:func:`boost_residual_step`'s ``saved``),
+    then :func:`_boost_residual_backward`: ``(dL/dx, dL/df, dL/dalpha)``, then :func:`_token_terms`."""
+    state = _boost_residual_state(x, f, alpha, strength, sqrt_k, (out[..., 1:], norm))[2]
     return *_boost_residual_backward(grad, alpha, strength, sqrt_k, state), *_token_terms(state)
 
 
 class FusedBoostResidual(torch.autograd.Function):
     r"""The boost residual of Eq. 12 (:func:`boost_residual_step`) as one function.  Saved: the two inputs,
-    ``alpha`` and the stochastic-depth strength; backward recomputes the per-token forward and differentiates it
-    by hand."""
+    ``alpha``, the stochastic-depth strength, the output (the next layer keeps it too: no memory of its own) and
+    ``|D|`` per token; backward recomputes the per-token forward but ``D``, whose norm it would sum again over the
+    coordinates, and differentiates it by hand."""
 
     @staticmethod
     def forward(
@@ -636,16 +664,16 @@ class FusedBoostResidual(torch.autograd.Function):
         strength: Tensor | None,
         sqrt_k: float,  # noqa: D102
     ) -> Tensor:
-        out = run_maybe_compiled(_boost_residual_forward, x, x, f, alpha, strength, sqrt_k)[0]
-        ctx.save_for_backward(x, f, alpha, strength)
+        out, norm = run_maybe_compiled(_boost_residual_forward, x, x, f, alpha, strength, sqrt_k)[:2]
+        ctx.save_for_backward(x, f, alpha, strength, out, norm)
         ctx.sqrt_k = sqrt_k
         return out
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        x, f, alpha, strength = ctx.saved_tensors
-        grads = run_maybe_compiled(_boost_residual_gradients, x, grad, x, f, alpha, strength, ctx.sqrt_k)
+        x, f, alpha, strength, out, norm = ctx.saved_tensors
+        grads = run_maybe_compiled(_boost_residual_gradients, x, grad, x, f, alpha, strength, out, norm, ctx.sqrt_k)
         g_x, g_f, g_alpha = grads[:-TOKEN_TERMS]
         return g_x, g_f, g_alpha, None, None
 

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import polar_vit_hf as P
 from polar_vit_hf.modeling import fused_attention, fused_layers
 from polar_vit_hf.modeling.fused_attention import AttentionRows, fused_ambient_attention, fused_polar_attention
-from polar_vit_hf.modeling.fused_gyro_norm import fused_gyro_layer_norm
+from polar_vit_hf.modeling.fused_gyro_norm import fused_gyro_layer_norm, gyro_norm_forward, rebuild_wide
 from polar_vit_hf.modeling.fused_layers import fused_boost_residual, fused_polar_fc, fused_reserved_axes_encoding
 from polar_vit_hf.modeling.manifold_ops import AmbientOps, FusedAmbientOps, FusedPolarOps, PolarOps
 from polar_vit_hf.modeling.modeling_polar_vit import RELATIVE_POSITION_CLASSES, BoostResidual, GyroLayerNorm, PolarFC
@@ -375,6 +375,33 @@ def test_fused_gyro_layer_norm_saves_no_token_wide_intermediate():
     assert all(t.numel() <= max(batch * tokens, batch * width) for t in saved if t.data_ptr() not in wide)
 
 
+@pytest.mark.parametrize("case", ["generic", "aligned", "identical"])
+@pytest.mark.parametrize("rmax", RADII)
+@pytest.mark.parametrize("bias", [0.3, 3.0])  # near the origin (Eq. 20), beyond (Eq. 21)
+def test_gyro_layer_norm_backward_rebuilds_the_forward_intermediates_exactly(case, rmax, bias):
+    """The backward's token-wide intermediates, rebuilt from the input, the output and the saved scalars (the
+    centred directions from the saved ``||z1||``), are the forward's own, bit for bit in eager float64."""
+    torch.manual_seed(4)
+    r = radii(2, 6, rmax=rmax) if rmax > 0 else 0.05 * torch.rand(2, 6, dtype=F64)
+    r[0, 0] = 0.0  # a token at the origin
+    u = directions(2, 6, 5, case=case)
+    if case == "identical":  # every token at the centroid: z1 is rounding noise or zero
+        r[:], u[:] = r[:, :1], u[:, :1]
+    p = PolarOps.make(r, u)
+    log_gain, bias_point = torch.tensor(0.3, dtype=F64), bias * torch.randn(5, dtype=F64)
+    out, scalars, wide = gyro_norm_forward(p, log_gain, bias_point, 1.3, 1e-6)
+    rebuilt = rebuild_wide(p, out, scalars)
+    assert (rebuilt.far_parts is None) == (bias < 1.0)
+    flat = lambda w: [t for t in w if isinstance(t, torch.Tensor)]  # noqa: E731 - the tensors of a record
+    pairs = list(zip(flat(rebuilt[:2]) + flat(rebuilt[3:5]), flat(wide[:2]) + flat(wide[3:5])))
+    pairs += [(rebuilt.centring.d, wide.centring.d), (rebuilt.centring.v_perp, wide.centring.v_perp)]
+    if wide.far_parts is not None and rebuilt.far_parts is not None:
+        pairs += list(zip(flat(rebuilt.far_parts[1:]), flat(wide.far_parts[1:])))
+        pairs += list(zip(flat(rebuilt.far_parts.scalars), flat(wide.far_parts.scalars)))
+    assert len(pairs) == (6 if bias < 1.0 else 17)
+    assert all(torch.equal(got, want) for got, want in pairs)
+
+
 # --------------------------------------------------------------------------------------------
 # relative position encodings
 # --------------------------------------------------------------------------------------------
@@ -460,10 +487,12 @@ def test_fused_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_p
 
 
 def test_boost_residual_kernels_return_the_token_terms_they_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The per-token terms the boost residual's kernel functions return last (so that a compiled kernel stores them
-    once per token) are ``sinhc(omega) = sinh(omega) / omega`` of the perpendicular step (1 at ``omega = 0``: an
-    update along the token's own direction) and ``tanh a``: against torch in float64 at radii up to 12, and the
-    Function keeps only its output and its gradients."""
+    """The forward kernel returns the output and ``|D|``, which the Function saves with its inputs (the output is
+    the next layer's input: no token-wide tensor of its own), then the per-token terms both kernel functions return
+    last (so that a compiled kernel stores them once per token): ``sinhc(omega) = sinh(omega) / omega`` of the
+    perpendicular step (1 at ``omega = 0``: an update along the token's own direction) and ``tanh a``, against torch
+    in float64 at radii up to 12.  The backward, which takes ``D / |D|`` from the saved output instead of forming
+    ``D`` again, gives the gradients of the full recomputation bit for bit."""
     x = PolarOps.make(radii(2, 5, rmax=12.0), directions(2, 5, 6)).requires_grad_(True)
     f_dirs = directions(2, 5, 6, seed=3)
     f_dirs[0, 1] = x[0, 1, 1:].detach()  # aligned: no perpendicular step
@@ -478,12 +507,20 @@ def test_boost_residual_kernels_return_the_token_terms_they_store(monkeypatch: p
         return out
 
     monkeypatch.setattr(fused_layers, "run_maybe_compiled", spy)
-    out = fused_boost_residual(x, f, alpha, None, 1.0)
-    grads = torch.autograd.grad((out * torch.randn_like(out)).sum(), [x, f, alpha])
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = fused_boost_residual(x, f, alpha, None, 1.0)
+    wide = {t.data_ptr() for t in saved if t.numel() >= out.numel()}
+    assert wide == {x.data_ptr(), f.data_ptr(), out.data_ptr()} and len(saved) == 5  # x, f, alpha, output, |D|
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad((out * grad).sum(), [x, f, alpha])
     forward, backward = calls["_boost_residual_forward"], calls["_boost_residual_gradients"]
-    assert torch.equal(forward[0], out) and len(forward) == 1 + fused_layers.TOKEN_TERMS
+    assert torch.equal(forward[0], out) and len(forward) == 2 + fused_layers.TOKEN_TERMS
     assert all(torch.equal(a, b) for a, b in zip(grads, backward)) and len(backward) == 3 + fused_layers.TOKEN_TERMS
     state = fused_layers._boost_residual_output(x.detach(), f.detach(), alpha.detach(), None, 1.0)[1]
+    assert torch.equal(forward[1], state.norm)
+    full = fused_layers._boost_residual_backward(grad, alpha.detach(), None, 1.0, state)
+    assert all(torch.equal(a, b) for a, b in zip(full, backward))
     omega = state.omega_sq.sqrt()
     assert (omega[0, 1] == 0).item() and (omega[1] > 0).all()
     sinhc = torch.where(omega > 0, torch.sinh(omega) / torch.where(omega > 0, omega, 1.0), 1.0)
