@@ -25,12 +25,14 @@ import argparse
 import contextlib
 import csv
 import functools
+import importlib
 import os
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import NamedTuple
 
 import torch
@@ -120,6 +122,9 @@ def kernel_table(events) -> dict[str, tuple[float, int]]:
     return totals
 
 
+FUNCTION_MODULES = ("fused_attention", "fused_layers", "fused_gyro_norm", "cpu_kernels")  # where Functions live
+
+
 class WallRow(NamedTuple):
     """Wall milliseconds of one fused layer Function per step (``forward`` or its ``Backward``): in all, in its
     compiled kernels, in the Polar-FC's matrix products (``fused_layers.policy_matmul``)."""
@@ -129,13 +134,12 @@ class WallRow(NamedTuple):
     products: float
 
 
-def fused_functions() -> list[type[torch.autograd.Function]]:
-    """The fused layers' autograd Functions, as their modules define them."""
-    from polar_vit_hf.modeling import cpu_kernels, fused_attention, fused_gyro_norm, fused_layers
-
+def fused_functions(package: ModuleType | None = None) -> list[type[torch.autograd.Function]]:
+    """The fused layers' autograd Functions, as the modules of ``package`` (a loaded copy of ``modeling/``; by
+    default ``polar_vit_hf.modeling``) define them."""
     return [
         value
-        for module in (fused_attention, fused_layers, fused_gyro_norm, cpu_kernels)
+        for module in (modeling_module(package, name) for name in FUNCTION_MODULES)
         for value in vars(module).values()
         if isinstance(value, type)
         and issubclass(value, torch.autograd.Function)
@@ -144,12 +148,18 @@ def fused_functions() -> list[type[torch.autograd.Function]]:
     ]
 
 
+def modeling_module(package: ModuleType | None, name: str) -> ModuleType:
+    """The module ``name`` of ``package`` (by default ``polar_vit_hf.modeling``)."""
+    return importlib.import_module(f"{package.__name__ if package else 'polar_vit_hf.modeling'}.{name}")
+
+
 @contextlib.contextmanager
-def timed_functions(totals: dict[str, list[float]]) -> Iterator[None]:
+def timed_functions(totals: dict[str, list[float]], package: ModuleType | None = None) -> Iterator[None]:
     """Inside: every fused Function's ``forward`` and ``backward`` adds its wall seconds to ``totals[name][0]``
     (``name`` the Function, ``name + "Backward"`` its backward), the compiled kernel calls and the Polar-FC products
-    it makes to ``[1]`` and ``[2]``.  Perf-counter wrappers only: a few hundred calls per step, no profiler."""
-    from polar_vit_hf.modeling import cpu_kernels, fused_layers
+    it makes to ``[1]`` and ``[2]``.  Perf-counter wrappers only: a few hundred calls per step, no profiler.
+    ``package``: the copy of ``modeling/`` whose Functions are timed (:func:`fused_functions`)."""
+    cpu_kernels, fused_layers = (modeling_module(package, name) for name in ("cpu_kernels", "fused_layers"))
 
     running: list[str] = []
 
@@ -177,7 +187,7 @@ def timed_functions(totals: dict[str, list[float]]) -> Iterator[None]:
         )
         setattr(owner, attribute, value)
 
-    for function in fused_functions():
+    for function in fused_functions(package):
         for kind, suffix in (("forward", ""), ("backward", "Backward")):
             method = vars(function)[kind]
             patch(function, kind, staticmethod(charge(0, method.__func__, function.__name__ + suffix)))

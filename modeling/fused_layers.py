@@ -70,6 +70,15 @@ def gemm_width(n: int) -> int:
     return -(-n // GEMM_ALIGN) * GEMM_ALIGN
 
 
+def write_product(dest: Tensor, a: Tensor, b: Tensor) -> None:
+    """``dest[...] = a * b`` in one pass into the view ``dest`` (no product tensor copied in); traced, an
+    assignment (dynamo takes no ``out=`` into a view; compiled code fuses the product anyway)."""
+    if torch.compiler.is_compiling():
+        dest.copy_(a * b)
+    else:
+        torch.mul(a, b, out=dest)
+
+
 def _unit_coords(r: Tensor, u: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``x / sqrt(k) = (cosh a, sinh a u)`` (Eq. 2) as one ``(T, gemm_width(n+1))`` tensor (zeros after ``n+1``),
     with ``a``, ``sinh a``, ``cosh a``."""
@@ -78,10 +87,7 @@ def _unit_coords(r: Tensor, u: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, T
     width = u.shape[-1] + 1
     x = u.new_empty(*u.shape[:-1], gemm_width(width))
     x[..., 0] = cosh_a
-    if torch.compiler.is_compiling():  # (traced where the kernels are off: dynamo takes no out= into a view)
-        x[..., 1:width] = u * sinh_a.unsqueeze(-1)
-    else:  # one pass: no product tensor copied in
-        torch.mul(u, sinh_a.unsqueeze(-1), out=x[..., 1:width])
+    write_product(x[..., 1:width], u, sinh_a.unsqueeze(-1))
     x[..., width:] = 0.0
     return x, a, sinh_a, cosh_a
 
@@ -397,6 +403,16 @@ def _reserved_axes_parts(t: Tensor, rest: Tensor) -> tuple[Tensor, Tensor, Tenso
     return t[..., 0].contiguous(), t[..., 1:5].movedim(-1, 0).contiguous(), rest
 
 
+def _reserved_axes_assemble(radius: Tensor, u4: Tensor, rest: Tensor, scale: Tensor) -> Tensor:
+    """The packed ``(..., d+1)`` tensor ``[radius, u4 (4, ...) coordinate last, scale rest]`` (points or their
+    gradient), written in place: the inverse of :func:`_reserved_axes_parts`."""
+    out = rest.new_empty(*rest.shape[:-1], rest.shape[-1] + 5)
+    out[..., 0] = radius
+    out[..., 1:5] = u4.movedim(0, -1)
+    write_product(out[..., 5:], rest, scale.unsqueeze(-1))
+    return out
+
+
 class FusedReservedAxesEncoding(torch.autograd.Function):
     r"""The 2-D relative position encoding of every head (``horoshift`` Eq. 10 / ``boost`` / ``rotation``) as one
     function.
@@ -420,12 +436,12 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
         sqrt_k: float,  # noqa: D102
     ) -> Tensor:
         u_rest = p[..., 5:]
-        rest_sq = u_rest.square().sum(-1)
+        rest_sq = torch.linalg.vecdot(u_rest, u_rest)
         scalars = _reserved_axes_parts(p, rest_sq)
         r_out, u4, scale = run_maybe_compiled(_reserved_axes_scalars, p, kind, *scalars, t_rows, t_cols, sqrt_k)
         ctx.save_for_backward(p, t_rows, t_cols, rest_sq)
         ctx.kind, ctx.sqrt_k = kind, sqrt_k
-        return torch.cat([r_out.unsqueeze(-1), u4.movedim(0, -1), u_rest * scale.unsqueeze(-1)], dim=-1)
+        return _reserved_axes_assemble(r_out, u4, u_rest, scale)
 
     @staticmethod
     @first_order
@@ -433,18 +449,12 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
         p, t_rows, t_cols, rest_sq = ctx.saved_tensors
         u_rest, g_rest = p[..., 5:], grad[..., 5:]
         scalars = _reserved_axes_parts(p, rest_sq)
-        outputs = _reserved_axes_parts(grad, (g_rest * u_rest).sum(-1))
+        outputs = _reserved_axes_parts(grad, torch.linalg.vecdot(g_rest, u_rest))
         scale, (g_r, g_u4, g_rest_sq, g_t_rows, g_t_cols) = run_maybe_compiled(
             _reserved_axes_scalar_gradients, p, ctx.kind, *scalars, t_rows, t_cols, ctx.sqrt_k, outputs
         )
-        g_p = torch.cat(
-            [
-                g_r.unsqueeze(-1),
-                g_u4.movedim(0, -1),
-                torch.addcmul(g_rest * scale.unsqueeze(-1), u_rest, 2.0 * g_rest_sq.unsqueeze(-1)),
-            ],
-            dim=-1,
-        )
+        g_p = _reserved_axes_assemble(g_r, g_u4, g_rest, scale)
+        g_p[..., 5:].addcmul_(u_rest, 2.0 * g_rest_sq.unsqueeze(-1))
         return g_p, g_t_rows, g_t_cols, None, None
 
 

@@ -184,3 +184,60 @@ def test_the_step_profile_attributes_compiled_kernels_to_their_fused_layer():
     table = profile_step.kernel_table(prof.events())
     assert {"FusedBoostResidual", "FusedBoostResidualBackward"} <= set(table)
     assert all(ms > 0 and calls >= 1 for ms, calls in table.values())
+
+
+def test_layer_ab_times_every_fused_function_of_both_trees_in_turns(tmp_path, capsys):
+    """``layer_ab.py``: the base tree's ``modeling/`` runs beside this one in one process, with this model's weights;
+    a base whose direct concatenation sleeps 10 ms per forward reads as that row's change, and the gradients as the
+    same bit for bit."""
+    import shutil
+    from pathlib import Path
+
+    from polar_vit_hf.benchmarks import layer_ab
+
+    repo = Path(layer_ab.__file__).resolve().parents[1]
+    base = tmp_path / "base-tree"
+    shutil.copytree(repo / "modeling", base / "modeling", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(base / "modeling" / "fused_layers.py", "a") as handle:
+        handle.write(
+            "\n\nimport time as _time\n_forward = FusedDirectConcat.forward\n\n\n"
+            "def _slow(ctx, *args):\n    _time.sleep(0.01)\n    return _forward(ctx, *args)\n\n\n"
+            "FusedDirectConcat.forward = staticmethod(_slow)\n"
+        )
+    argv = ["--base", str(base), "--batch", "2", "--rounds", "2", "--steps", "1", "--threads", "1"]
+    assert layer_ab.main([*argv, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "gradients: bit for bit the same as the base's, every parameter" in out
+    with open(tmp_path / "out" / "layer_ab.csv") as handle:
+        table = {row["row"]: row for row in csv.DictReader(handle)}
+    assert {"whole step", "FusedPolarFC", "FusedPolarFCBackward", "FusedDirectConcat", "FusedGyroLayerNorm"} <= set(
+        table
+    )
+    concat = table["FusedDirectConcat"]
+    layers = 9  # tiny-cifar: one concatenation of the heads per layer
+    assert float(concat["base_ms"]) >= 10 * layers and float(concat["ratio_median"]) < 0.5
+    assert float(table["whole step"]["base_ms"]) - float(table["whole step"]["ms"]) > 0.5 * 10 * layers
+    assert float(table["FusedPolarFC"]["kernel_ms"]) == 0.0  # the compiled kernels are off in the tests
+    assert (tmp_path / "out" / "layer_ab.png").stat().st_size > 0
+    assert layer_ab.main(["--base", "no-such-revision"]) == 2
+    assert "--base no-such-revision: not a source tree" in capsys.readouterr().err
+
+
+def test_layer_ab_names_the_parameter_whose_gradients_differ_most():
+    """``gradient_gap``: zero for a twin with the same weights (same random state for stochastic depth), else the
+    largest relative difference and where it is."""
+    import torch
+
+    import polar_vit_hf as P
+    from polar_vit_hf.benchmarks import layer_ab
+
+    torch.manual_seed(0)
+    config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10)
+    model = P.PolarViTForImageClassification(config).train()
+    same = layer_ab.twin(model, P.modeling)
+    batch = layer_ab.Batch(torch.randn(2, 3, 32, 32), torch.tensor([1, 2]), seed=3)
+    assert layer_ab.gradient_gap((model, same), batch) == (0.0, "")
+    with torch.no_grad():
+        next(same.classifier.parameters()).mul_(1.5)  # the twin is a copy: the model keeps its weights
+    gap, name = layer_ab.gradient_gap((model, same), batch)
+    assert gap > 1e-3 and name in dict(model.named_parameters())
