@@ -192,11 +192,12 @@ def report(table: list[Row], gap: tuple[float, str], title: str) -> None:
         print("gradients: bit for bit the same as the base's, every parameter")
     else:
         print(f"gradients: differ from the base's, largest relative difference {worst:.2e} ({where})")
-    head = f"{'ms per step':<34} {'base':>8} {'this':>8}  {'this / base (rounds)':<24}"
+    width = max(len(r.name) for r in table)
+    head = f"{'ms per step':<{width}} {'base':>8} {'this':>8}  {'this / base (rounds)':<24}"
     print(f"{head} {'kernels':>8} {'this':>8}  this / base")
     for r in table:
         print(
-            f"{r.name[:34]:<34} {r.base_ms:>8.1f} {r.ms:>8.1f}  {span(r.ratios):<24} "
+            f"{r.name:<{width}} {r.base_ms:>8.1f} {r.ms:>8.1f}  {span(r.ratios):<24} "
             f"{r.base_kernel_ms:>8.1f} {r.kernel_ms:>8.1f}  {span(r.kernel_ratios)}"
         )
 

@@ -153,6 +153,16 @@ def modeling_module(package: ModuleType | None, name: str) -> ModuleType:
     return importlib.import_module(f"{package.__name__ if package else 'polar_vit_hf.modeling'}.{name}")
 
 
+def function_label(name: str, generic: bool, backward: bool, args: tuple) -> str:
+    """A row's name: the Function's (``...Backward`` for its backward), and for the generic Functions of
+    ``cpu_kernels`` (``RecomputedFunction``, ``OutputKeepingFunction``: every ambient layer) the function they run
+    in brackets, read from the call's arguments (``fn`` after ``ctx`` forward, ``ctx.fn`` backward)."""
+    if not generic:
+        return name
+    fn = getattr(args[0], "fn", None) if backward else args[1]
+    return f"{name}[{getattr(fn, '__name__', '?')}]"
+
+
 @contextlib.contextmanager
 def timed_functions(totals: dict[str, list[float]], package: ModuleType | None = None) -> Iterator[None]:
     """Inside: every fused Function's ``forward`` and ``backward`` adds its wall seconds to ``totals[name][0]``
@@ -163,8 +173,9 @@ def timed_functions(totals: dict[str, list[float]], package: ModuleType | None =
 
     running: list[str] = []
 
-    def charge(slot: int, call: Callable, name: str | None = None) -> Callable:
+    def charge(slot: int, call: Callable, naming: Callable[[tuple], str] | None = None) -> Callable:
         def timed(*args: object, **kwargs: object) -> object:
+            name = naming(args) if naming else None
             owner = name or (running[-1] if running else None)
             if name:
                 running.append(name)
@@ -190,7 +201,9 @@ def timed_functions(totals: dict[str, list[float]], package: ModuleType | None =
     for function in fused_functions(package):
         for kind, suffix in (("forward", ""), ("backward", "Backward")):
             method = vars(function)[kind]
-            patch(function, kind, staticmethod(charge(0, method.__func__, function.__name__ + suffix)))
+            generic = function.__module__ == cpu_kernels.__name__
+            naming = functools.partial(function_label, function.__name__ + suffix, generic, bool(suffix))
+            patch(function, kind, staticmethod(charge(0, method.__func__, naming)))
     patch(cpu_kernels.PersistentKernel, "__call__", charge(1, cpu_kernels.PersistentKernel.__call__))
     patch(fused_layers, "policy_matmul", charge(2, fused_layers.policy_matmul))
     try:

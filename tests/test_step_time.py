@@ -241,3 +241,29 @@ def test_layer_ab_names_the_parameter_whose_gradients_differ_most():
         next(same.classifier.parameters()).mul_(1.5)  # the twin is a copy: the model keeps its weights
     gap, name = layer_ab.gradient_gap((model, same), batch)
     assert gap > 1e-3 and name in dict(model.named_parameters())
+
+
+def test_the_wall_clock_names_each_generic_kernel_function_by_what_it_runs():
+    """``timed_functions``: the ambient layers all run through ``RecomputedFunction`` / ``OutputKeepingFunction``;
+    their rows carry the function each call runs, forward and backward."""
+    import torch
+
+    import polar_vit_hf as P
+    from polar_vit_hf.benchmarks import profile_step
+
+    config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10)
+    config.arithmetic = "ambient"
+    model = P.PolarViTForImageClassification(config).train()
+    totals: dict[str, list[float]] = {}
+    with profile_step.timed_functions(totals):
+        model(pixel_values=torch.randn(2, 3, 32, 32), labels=torch.tensor([1, 2])).loss.backward()
+    assert {
+        "RecomputedFunction[ambient_gyro_layer_norm]",
+        "RecomputedFunctionBackward[ambient_gyro_layer_norm]",
+        "OutputKeepingFunction[ambient_polar_fc_rule_output]",
+        "OutputKeepingFunctionBackward[ambient_polar_fc_rule_output]",
+        "FusedAmbientAttention",
+    } <= set(totals)
+    assert not any(
+        name.startswith(("RecomputedFunction", "OutputKeepingFunction")) and "[" not in name for name in totals
+    )
