@@ -234,12 +234,13 @@ def wall_table(step: Callable[[], None], steps: int) -> tuple[float, dict[str, W
 def print_wall_table(step_ms: float, rows: dict[str, WallRow], steps: int) -> None:
     """The :func:`wall_table` as text: Functions by wall time, then what lies outside them."""
     print(f"\nwall clock without the profiler, median of {steps} steps: {step_ms:.0f} ms per step")
-    print(f"{'fused layer Function':<36} {'wall ms':>9} {'kernels':>9} {'products':>9} {'rest':>9}")
+    width = max([36, *(len(name) for name in rows)])
+    print(f"{'fused layer Function':<{width}} {'wall ms':>9} {'kernels':>9} {'products':>9} {'rest':>9}")
     for name, row in sorted(rows.items(), key=lambda item: -item[1].wall):
         rest = row.wall - row.kernels - row.products
-        print(f"{name:<36} {row.wall:>9.1f} {row.kernels:>9.1f} {row.products:>9.1f} {rest:>9.1f}")
+        print(f"{name:<{width}} {row.wall:>9.1f} {row.kernels:>9.1f} {row.products:>9.1f} {rest:>9.1f}")
     inside = sum(row.wall for row in rows.values())
-    print(f"{'outside the fused Functions':<36} {step_ms - inside:>9.1f}")
+    print(f"{'outside the fused Functions':<{width}} {step_ms - inside:>9.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
