@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import importlib.util
 import os
 import statistics
 import sys
@@ -46,15 +45,14 @@ STEP = "whole step"
 
 def import_modeling(folder: Path, name: str = BASE_PACKAGE) -> ModuleType:
     """Import the ``modeling/`` folder ``folder`` as the package ``name`` (its modules ``name.<module>``)."""
-    spec = importlib.util.spec_from_file_location(
-        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
-    )
-    if spec is None or spec.loader is None or not (folder / "__init__.py").is_file():
-        raise ValueError(f"{folder} is not the modeling/ folder of a polar-vit-hf source tree")
+    from polar_vit_hf.benchmarks.step_time import register_package
+
     for loaded in [key for key in sys.modules if key == name or key.startswith(name + ".")]:
         del sys.modules[loaded]  # an earlier base's modules would answer the relative imports
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    try:
+        spec, module = register_package(name, folder)
+    except FileNotFoundError as error:
+        raise ValueError(str(error)) from None
     spec.loader.exec_module(module)
     return module
 
@@ -62,8 +60,7 @@ def import_modeling(folder: Path, name: str = BASE_PACKAGE) -> ModuleType:
 def twin(model: torch.nn.Module, package: ModuleType) -> torch.nn.Module:
     """``model``'s twin built by ``package``'s classes from the same configuration, with ``model``'s weights."""
     config = package.PolarViTConfig.from_dict(model.config.to_dict())
-    other = type(model).__name__
-    built = getattr(package, other)(config)
+    built = getattr(package, type(model).__name__)(config)
     built.load_state_dict(model.state_dict())
     return built.train(model.training)
 
@@ -203,11 +200,12 @@ def report(table: list[Row], gap: tuple[float, str], title: str) -> None:
 
 
 def write_csv(table: list[Row], path: Path) -> None:
+    """The table, the ratios as their medians (empty where the base has no time)."""
+    median = lambda values: statistics.median(values) if values else ""  # noqa: E731
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["row", "base_ms", "ms", "ratio_median", "base_kernel_ms", "kernel_ms", "kernel_ratio_median"])
         for r in table:
-            median = lambda values: statistics.median(values) if values else ""  # noqa: E731
             writer.writerow(
                 [r.name, r.base_ms, r.ms, median(r.ratios), r.base_kernel_ms, r.kernel_ms, median(r.kernel_ratios)]
             )

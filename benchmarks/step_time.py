@@ -96,6 +96,19 @@ def label(name: str, args: argparse.Namespace) -> str:
     return LABELS[model] + (f" @ {args.base}" if name.endswith(BASE) else "")
 
 
+def register_package(name: str, folder: Path) -> tuple:
+    """``(spec, module)`` of the package folder ``folder`` under the module name ``name``, entered in
+    ``sys.modules`` (its relative imports then resolve there) but not executed yet."""
+    spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    if spec is None or spec.loader is None or not (folder / "__init__.py").is_file():
+        raise FileNotFoundError(f"{folder} is not a package folder of a polar-vit-hf source tree")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    return spec, module
+
+
 def import_package_from(tree: Path) -> None:
     """Make ``import polar_vit_hf`` load the package of the source tree ``tree`` (its ``polar_vit_hf/`` with
     ``modeling/``, ``training/``, ``conversion/`` and ``benchmarks/`` mapped in, as ``setup.cfg`` does), whatever
@@ -104,19 +117,9 @@ def import_package_from(tree: Path) -> None:
         if "editable" in f"{type(finder).__module__}.{type(finder).__name__}".lower():
             sys.meta_path.remove(finder)
 
-    def register(name: str, folder: Path) -> tuple:
-        spec = importlib.util.spec_from_file_location(
-            name, folder / "__init__.py", submodule_search_locations=[str(folder)]
-        )
-        if spec is None or spec.loader is None:
-            raise FileNotFoundError(f"{folder} is not a package folder of a polar-vit-hf source tree")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        return spec, module
-
-    package_spec, package = register("polar_vit_hf", tree / "polar_vit_hf")
+    package_spec, package = register_package("polar_vit_hf", tree / "polar_vit_hf")
     for folder in PACKAGE_FOLDERS:
-        spec, module = register(f"polar_vit_hf.{folder}", tree / folder)
+        spec, module = register_package(f"polar_vit_hf.{folder}", tree / folder)
         spec.loader.exec_module(module)
         setattr(package, folder, module)
     package_spec.loader.exec_module(package)
