@@ -146,7 +146,8 @@ def row(name: str, wall: tuple[list[float], list[float]], kernels: tuple[list[fl
     """A :class:`Row` from per-round milliseconds ``(base, this)`` of the wall clock and of the kernels."""
 
     def ratios(pair: tuple[list[float], list[float]]) -> list[float]:
-        return [new / old for old, new in zip(*pair) if old > 0]
+        """Per round, where both trees ran the row (a Function only one of them has gets none)."""
+        return [new / old for old, new in zip(*pair) if old > 0 and new > 0]
 
     return Row(
         name,
@@ -175,7 +176,7 @@ def rows(base: list[RoundTimes], this: list[RoundTimes]) -> list[Row]:
 
 
 def span(ratios: list[float]) -> str:
-    """``median (min-max)`` of per-round ratios, or ``-`` where the base has no time to divide by."""
+    """``median (min-max)`` of per-round ratios, or ``-`` where one tree does not run the row."""
     if not ratios:
         return "-"
     return f"{statistics.median(ratios):.3f}x ({min(ratios):.2f}-{max(ratios):.2f})"
@@ -200,7 +201,7 @@ def report(table: list[Row], gap: tuple[float, str], title: str) -> None:
 
 
 def write_csv(table: list[Row], path: Path) -> None:
-    """The table, the ratios as their medians (empty where the base has no time)."""
+    """The table, the ratios as their medians (empty where one tree does not run the row)."""
     median = lambda values: statistics.median(values) if values else ""  # noqa: E731
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)

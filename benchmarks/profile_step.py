@@ -27,6 +27,7 @@ import csv
 import functools
 import importlib
 import os
+import pkgutil
 import statistics
 import time
 from collections import defaultdict
@@ -122,9 +123,6 @@ def kernel_table(events) -> dict[str, tuple[float, int]]:
     return totals
 
 
-FUNCTION_MODULES = ("fused_attention", "fused_layers", "fused_gyro_norm", "cpu_kernels")  # where Functions live
-
-
 class WallRow(NamedTuple):
     """Wall milliseconds of one fused layer Function per step (``forward`` or its ``Backward``): in all, in its
     compiled kernels, in the Polar-FC's matrix products (``fused_layers.policy_matmul``)."""
@@ -136,10 +134,15 @@ class WallRow(NamedTuple):
 
 def fused_functions(package: ModuleType | None = None) -> list[type[torch.autograd.Function]]:
     """The fused layers' autograd Functions, as the modules of ``package`` (a loaded copy of ``modeling/``; by
-    default ``polar_vit_hf.modeling``) define them."""
+    default ``polar_vit_hf.modeling``) define them: in its ``fused_*`` modules and ``cpu_kernels`` (whichever a
+    base revision has)."""
+    folder = (package or importlib.import_module("polar_vit_hf.modeling")).__path__
+    names = sorted(
+        info.name for info in pkgutil.iter_modules(folder) if info.name.startswith(("fused_", "cpu_kernels"))
+    )
     return [
         value
-        for module in (modeling_module(package, name) for name in FUNCTION_MODULES)
+        for module in (modeling_module(package, name) for name in names)
         for value in vars(module).values()
         if isinstance(value, type)
         and issubclass(value, torch.autograd.Function)

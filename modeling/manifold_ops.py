@@ -46,7 +46,8 @@ from .ambient import (
 )
 from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES
-from .cpu_kernels import first_order, inductor_options, output_keeping, recomputed
+from .cpu_kernels import first_order, output_keeping, recomputed
+from .fused_ambient import AMBIENT_KERNELS, fused_ambient_gyro_layer_norm
 from .fused_attention import fused_ambient_attention
 from .fused_gyro_norm import fused_gyro_layer_norm
 from .fused_layers import (
@@ -529,8 +530,9 @@ class AmbientOps(ManifoldOps):
 
 class FusedAmbientOps(AmbientOps):
     """Ambient coordinates, the fused layers: the formulas of :class:`AmbientOps`, in the same order, without an
-    autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention` (hand-derived
-    backward); the gyro layer norm, the boost residual and the position encodings are recomputed functions
+    autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention` and the gyro
+    layer norm :class:`fused_ambient.FusedAmbientGyroLayerNorm` (hand-derived backward passes); the boost residual
+    and the position encodings are recomputed functions
     (:func:`cpu_kernels.recomputed`: backward recomputes and differentiates them); each a compiled kernel on the
     CPU.  Polar-FC's product is autograd's (it keeps the input points and the weight); its output points
     (:meth:`ManifoldOps.polar_fc_output`: the epilogue of Eq. 8, the radius rule and the ambient coordinates) are
@@ -551,7 +553,7 @@ class FusedAmbientOps(AmbientOps):
         return output_keeping(h, fn, ambient_fc_scale, ambient_fc_product, *tensors, constants=(self.k, gelu))
 
     def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
-        return recomputed(ambient_gyro_layer_norm, p, log_gain, bias_space, constants=(self.k, eps))
+        return fused_ambient_gyro_layer_norm(p, log_gain, bias_space, self.k, eps)
 
     def boost_residual(self, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None) -> Tensor:
         if strength is None:
@@ -610,16 +612,8 @@ def ambient_fc_product(out: Tensor, scale: Tensor) -> Tensor:
     return out[..., 1:] * scale.unsqueeze(-1)
 
 
-# the layers of FusedAmbientOps: AmbientOps' formulas as pure functions of tensors and constants ---------------
-# their kernels store every value read more than once (measured: the twin's training step 20-30 % faster; inductor
-# otherwise evaluates each per-token sinh / cosh / arcosh again in every loop over the coordinates that reads it)
-AMBIENT_KERNELS = inductor_options(realize_reads_threshold=1)
-
-
-@AMBIENT_KERNELS
-def ambient_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias_space: Tensor, k: float, eps: float) -> Tensor:
-    """:meth:`ManifoldOps.gyro_layer_norm` in ambient coordinates."""
-    return ManifoldOps.gyro_layer_norm(AmbientOps(k), p, log_gain, bias_space, eps)
+# the recomputed layers of FusedAmbientOps: AmbientOps' formulas as pure functions of tensors and constants ------
+# (with the ambient twin's inductor options, fused_ambient.AMBIENT_KERNELS)
 
 
 @AMBIENT_KERNELS

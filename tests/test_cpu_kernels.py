@@ -187,6 +187,25 @@ def test_gyro_layer_norm_kernels_match_eager_and_float64(kernels_on, bias_scale,
     assert really_compiled(FG._saved_forward, FG._gradients)
 
 
+@pytest.mark.parametrize("bias_scale", [0.0, 3.0])
+@pytest.mark.parametrize("rmax", [0.5, 2.0, 4.0])
+def test_ambient_gyro_layer_norm_kernels_match_eager_and_float64(kernels_on, bias_scale, rmax):
+    """The ambient twin's gyro layer norm (hand-derived backward) as compiled forward and backward kernels, up to
+    r = 4: beyond, float32 ambient coordinates themselves fail (Proposition 1)."""
+    from polar_vit_hf.modeling import fused_ambient
+
+    polar = points(3, 7, 12, rmax, 8)
+    p = P.geometry.to_ambient(polar[..., 0], polar[..., 1:], 0.9).float()
+    log_gain = torch.tensor(0.3)
+    bias = torch.linspace(-1.0, 1.0, 12) * bias_scale / 12**0.5
+
+    def fn(p, log_gain, bias):
+        return fused_ambient.fused_ambient_gyro_layer_norm(p, log_gain, bias, 0.9, 1e-5)
+
+    check_kernels(fn, p, log_gain, bias)
+    assert really_compiled(fused_ambient.ambient_norm_forward, fused_ambient.ambient_norm_backward)
+
+
 @pytest.mark.parametrize("rmax", [1e-4, 0.5, 4.0, 8.0, 12.0])
 def test_direct_concat_kernels_match_eager_and_float64(kernels_on, rmax):
     """The heads' direct concatenation (FusedDirectConcat) as compiled forward and backward kernels."""

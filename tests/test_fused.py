@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import polar_vit_hf as P
 from polar_vit_hf.modeling import fused_attention, fused_layers
+from polar_vit_hf.modeling.fused_ambient import fused_ambient_gyro_layer_norm
 from polar_vit_hf.modeling.fused_attention import AttentionRows, fused_ambient_attention, fused_polar_attention
 from polar_vit_hf.modeling.fused_gyro_norm import fused_gyro_layer_norm, gyro_norm_forward, rebuild_wide
 from polar_vit_hf.modeling.fused_layers import fused_boost_residual, fused_polar_fc, fused_reserved_axes_encoding
@@ -668,6 +669,71 @@ def test_kernel_forms_are_within_their_ulp_bounds_and_eager_is_torch(monkeypatch
         assert torch.isfinite(got).all() and got[0] == 0.0  # exact at 0 (arcosh at 1)
         rel = ((got - want).abs() / want.abs().clamp_min(1e-300))[want != 0]
         assert rel.max() <= bound * ulp, (fn.__name__, float(rel.max() / ulp))
+
+
+@pytest.mark.parametrize("case", ["generic", "aligned", "identical"])
+@pytest.mark.parametrize("rmax", RADII)
+@pytest.mark.parametrize("bias", [0.0, 0.3, 3.0])
+def test_fused_ambient_gyro_layer_norm_matches_the_reference_and_gradcheck(case, rmax, bias):
+    """:class:`FusedAmbientGyroLayerNorm` (hand-derived backward) against autograd through
+    :meth:`ManifoldOps.gyro_layer_norm` with :class:`AmbientOps`, in float64 on stored polar inputs at radii 0 to 12
+    (a token at the origin, aligned directions, identical tokens; the bias point at the origin, near it, beyond):
+    the same formulas in the same order, so the output is the reference's bit for bit and every gradient agrees to
+    1e-10 or to the reference's own resolution; gradcheck where finite differences are well conditioned."""
+    torch.manual_seed(1)
+    k = 1.3
+    norm = GyroLayerNorm(5, k, 1e-6).double()
+    with torch.no_grad():
+        norm.log_gain.fill_(0.3)
+        norm.bias_point.normal_(0.0, bias) if bias else None
+    r = radii(2, 6, rmax=rmax) if rmax > 0 else 0.05 * torch.rand(2, 6, dtype=F64)
+    r[0, 0] = 0.0  # a token at the origin
+    u = directions(2, 6, 5, case=case)
+    if case == "identical":  # every token at the centroid: the centred tokens are rounding noise or zero
+        r[:], u[:] = r[:, :1], u[:, :1]
+    p = AmbientOps(k).make(r, u).requires_grad_(True)
+    ref, got = norm(p, AmbientOps(k)), norm(p, FusedAmbientOps(k))
+    assert torch.equal(got, ref)
+    weights = torch.randn_like(ref)
+    params = [p, norm.log_gain, norm.bias_point]
+    grads = torch.autograd.grad((got * weights).sum(), params)
+    assert all(torch.isfinite(g).all() for g in grads)
+    if case == "identical":  # a centred token at the origin: arcosh of its time coordinate has no derivative
+        return  # (autograd's gradient is NaN there; the fused one passes none through that token's radius)
+    grads_ref = torch.autograd.grad((ref * weights).sum(), params)
+    # the reference's own float64 resolution: how far its gradients move when each input coordinate moves by one
+    # ulp (aligned tokens at r >= 8 are 1e-5 apart in coordinates of size e^r: there the ambient formulas lose
+    # digits, ~1e-7 of the gradient at r = 12, and the two evaluation orders differ within that)
+    gen = torch.Generator().manual_seed(7)
+    ulp = 2.0**-52 * torch.randint(-1, 2, p.shape, generator=gen, dtype=F64)
+    moved = (p.detach() * (1.0 + ulp)).requires_grad_(True)
+    grads_moved = torch.autograd.grad((norm(moved, AmbientOps(k)) * weights).sum(), [moved, *params[1:]])
+    for want, have, other in zip(grads_ref, grads, grads_moved):
+        resolution = float((other - want).abs().max())
+        assert (have - want).abs().max() <= 1e-10 * float(want.abs().max()) + resolution
+    if rmax <= 4.0 and case == "generic":  # beyond, a step of 1e-6 in ambient coordinates is below their rounding
+        leaves = [t.detach().requires_grad_(True) for t in params]
+        assert gradcheck(lambda p, g, b: fused_ambient_gyro_layer_norm(p, g, b, k, 1e-2), leaves)
+
+
+def test_fused_ambient_gyro_layer_norm_saves_no_token_wide_intermediate():
+    """Backward rebuilds the centred and scaled tokens: besides the input and the output, autograd keeps only
+    per-token or per-sample values (the centroid among them) and the two parameters."""
+    torch.manual_seed(3)
+    batch, tokens, width = 3, 11, 24
+    p = AmbientOps(1.0).make(radii(batch, tokens, rmax=4.0), directions(batch, tokens, width)).float()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = fused_ambient_gyro_layer_norm(
+            p.requires_grad_(True),
+            torch.tensor(0.2, requires_grad=True),
+            torch.zeros(width, requires_grad=True),
+            1.0,
+            1e-5,
+        )
+    wide = {t.data_ptr() for t in saved if t.numel() >= batch * tokens * width}
+    assert wide == {p.data_ptr(), out.data_ptr()}
+    assert all(t.numel() <= max(batch * tokens, batch * (width + 1)) for t in saved if t.data_ptr() not in wide)
 
 
 @pytest.mark.parametrize(

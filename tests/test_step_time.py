@@ -259,8 +259,10 @@ def test_the_wall_clock_names_each_generic_kernel_function_by_what_it_runs():
     with profile_step.timed_functions(totals):
         model(pixel_values=torch.randn(2, 3, 32, 32), labels=torch.tensor([1, 2])).loss.backward()
     assert {
-        "RecomputedFunction[ambient_gyro_layer_norm]",
-        "RecomputedFunctionBackward[ambient_gyro_layer_norm]",
+        "FusedAmbientGyroLayerNorm",
+        "FusedAmbientGyroLayerNormBackward",
+        "RecomputedFunction[ambient_boost_residual]",
+        "RecomputedFunctionBackward[ambient_boost_residual]",
         "OutputKeepingFunction[ambient_polar_fc_rule_output]",
         "OutputKeepingFunctionBackward[ambient_polar_fc_rule_output]",
         "FusedAmbientAttention",

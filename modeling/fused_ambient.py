@@ -1,0 +1,202 @@
+"""The ambient twin's gyro layer norm with a hand-derived backward: :meth:`ManifoldOps.gyro_layer_norm` in ambient
+coordinates (:class:`manifold_ops.AmbientOps`, the textbook Lorentz formulas of :mod:`ambient`), in the same order.
+
+For the tokens ``x_i = (x_i0, x_is) (B, N, n+1)`` of a sample:
+
+* centroid, Eq. 4 with weights ``1/N``: ``s = mean_i x_i``, ``mu = sqrt(k) s / sqrt(|<s, s>_L|)``;
+* dispersion, Eq. 1: ``sigma^2 = mean_i k arcosh(alpha_i)^2``, ``alpha_i = -<x_i, mu>_L / k`` (clamped at
+  ``1 + 1e-8``);
+* centring ``(-)mu (+) x_i``, Eq. 20 with ``(-)mu = (mu_0, -mu_s)``: ``z_i = x_is - c_i mu_s``,
+  ``c_i = -(x_is . mu_s) / (sqrt(k) (mu_0 + sqrt(k))) + x_i0 / sqrt(k)``, the point ``(sqrt(k + |z_i|^2), z_i)``;
+* radius scaling: ``r_i = sqrt(k) arcosh(sqrt(k + |z_i|^2) / sqrt(k))`` (from the time coordinate, as ambient
+  models read it), ``u_i = z_i / |z_i|``, ``y_i = (sqrt(k) cosh a_i, sqrt(k) sinh a_i u_i)`` with
+  ``a_i = gamma r_i / (sqrt(k) sqrt(sigma^2 + eps))``;
+* bias point ``b (+) y_i``, Eq. 20 with ``b = (sqrt(k + |b_s|^2), b_s)``: ``w_i = y_is + e_i b_s``,
+  ``e_i = (b_s . y_is) / (sqrt(k) (b_0 + sqrt(k))) + y_i0 / sqrt(k)``, the output ``(sqrt(k + |w_i|^2), w_i)``.
+
+The backward differentiates these expressions as autograd would (``arcosh'(x) = 1 / sqrt(x^2 - 1)``, the clamps
+passing the gradient where the argument is at or above the bound), so in float64 its gradients are the
+reference's to rounding.  Where a centred token's time coordinate rounds to ``sqrt(k)`` (the token at the
+centroid, to rounding), ``arcosh``'s slope is infinite: its radius passes no gradient there, where autograd's is
+infinite or ``NaN``.  The forward keeps its input, its
+output, the centroid and per-token scalars (:class:`AmbientNormSaved`); the backward rebuilds the token-wide
+``z_i``, ``u_i`` and ``y_is`` from them in a few passes.  Forward and backward are each one compiled kernel in
+float32 on the CPU (:mod:`cpu_kernels`), with the ambient twin's inductor options (:data:`AMBIENT_KERNELS`).
+
+This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .ambient import lorentz_normalize, lorentz_normalize_backward, norm_floor
+from .cpu_kernels import (
+    first_order,
+    inductor_options,
+    opaque_to_torch_compile,
+    rebuild_record,
+    record_layout,
+    record_leaves,
+    run_maybe_compiled,
+    sum_dims,
+)
+from .stable_math import inverse_or_zero, safe_normalize
+
+__all__ = ["AMBIENT_KERNELS", "AmbientNormSaved", "FusedAmbientGyroLayerNorm", "fused_ambient_gyro_layer_norm"]
+
+# the ambient twin's kernels store every value read more than once (measured: the twin's training step 20-30 %
+# faster; inductor otherwise evaluates each per-token sinh / cosh / arcosh again in every loop over the coordinates
+# that reads it)
+AMBIENT_KERNELS = inductor_options(realize_reads_threshold=1)
+
+
+class AmbientNormSaved(NamedTuple):
+    """What :class:`FusedAmbientGyroLayerNorm` keeps besides its input and output: the centroid ``s`` before
+    normalising and ``mu`` ``(B, 1, n+1)``, ``sigma^2`` and the scale ``gamma / sqrt(sigma^2 + eps)`` ``(B,)``, and
+    per token ``x_is . mu_s``, ``arcosh alpha_i``, ``|z_i|``, the time coordinate ``sqrt(k + |z_i|^2)``,
+    ``r_i``, ``sinh a_i``, ``cosh a_i`` and ``e_i`` ``(B, N)``."""
+
+    s: Tensor
+    mu: Tensor
+    variance: Tensor
+    factor: Tensor
+    dot: Tensor
+    acosh_alpha: Tensor
+    z_norm: Tensor
+    z_time: Tensor
+    r: Tensor
+    sinh_a: Tensor
+    cosh_a: Tensor
+    e: Tensor
+
+
+def _centring_coef(p: Tensor, dot: Tensor, mu: Tensor, sk: float) -> Tensor:
+    """``c_i = -(x_is . mu_s) / (sqrt(k) (mu_0 + sqrt(k))) + x_i0 / sqrt(k)`` ``(B, N)`` of the centring (Eq. 20)."""
+    return -dot / (sk * (mu[..., 0] + sk)) + p[..., 0] / sk
+
+
+def _bias_time(bias: Tensor, k: float) -> Tensor:
+    """The bias point's time coordinate ``b_0 = sqrt(k + |b_s|^2)``."""
+    return torch.sqrt(k + bias.square().sum())
+
+
+@AMBIENT_KERNELS
+def ambient_norm_forward(
+    p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float
+) -> tuple[Tensor, AmbientNormSaved]:
+    """The ambient gyro layer norm of ``p (B, N, n+1)`` (the module docstring's steps) and what its backward
+    keeps."""
+    sk = math.sqrt(k)
+    xs = p[..., 1:]
+    s = p.new_full((*p.shape[:-2], 1, p.shape[-2]), 1.0 / p.shape[-2]) @ p  # (B, 1, n+1), as the reference
+    mu = lorentz_normalize(s, k)
+    dot = (xs * mu[..., 1:]).sum(-1)  # (B, N)
+    alpha = -(dot - p[..., 0] * mu[..., 0]) / k
+    acosh_alpha = torch.acosh(alpha.clamp_min(1.0 + norm_floor()))
+    variance = (sk * acosh_alpha).square().mean(-1, keepdim=True)  # (B, 1)
+    z = xs - _centring_coef(p, dot, mu, sk).unsqueeze(-1) * mu[..., 1:]
+    z_norm = torch.linalg.vector_norm(z, dim=-1)
+    z_time = torch.sqrt(k + z.square().sum(-1))
+    r = sk * torch.acosh((z_time / sk).clamp_min(1.0))
+    factor = torch.exp(log_gain) / torch.sqrt(variance + eps)
+    a = r * factor / sk
+    sinh_a, cosh_a = torch.sinh(a), torch.cosh(a)
+    y_space = (sk * sinh_a).unsqueeze(-1) * safe_normalize(z, z_norm)
+    e = (y_space * bias).sum(-1) / (sk * (_bias_time(bias, k) + sk)) + sk * cosh_a / sk
+    w = y_space + e.unsqueeze(-1) * bias
+    out = torch.cat([torch.sqrt(k + w.square().sum(-1, keepdim=True)), w], dim=-1)
+    saved = AmbientNormSaved(s, mu, variance, factor, dot, acosh_alpha, z_norm, z_time, r, sinh_a, cosh_a, e)
+    return out, saved
+
+
+@AMBIENT_KERNELS
+def ambient_norm_backward(
+    grad: Tensor, p: Tensor, out: Tensor, log_gain: Tensor, bias: Tensor, st: AmbientNormSaved, k: float, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dL/dp, dL/dlog_gain, dL/dbias)`` of :func:`ambient_norm_forward` from its input, output and saved
+    scalars, the module docstring's steps in reverse."""
+    sk = math.sqrt(k)
+    tokens = p.shape[-2]
+    xs, mu_s, mu_0 = p[..., 1:], st.mu[..., 1:], st.mu[..., 0]
+    # rebuild z_i, u_i and y_is
+    coef = _centring_coef(p, st.dot, st.mu, sk)
+    z = xs - coef.unsqueeze(-1) * mu_s
+    u = safe_normalize(z, st.z_norm)
+    y_space = (sk * st.sinh_a).unsqueeze(-1) * u
+    # output (w_0, w) = from_space(w): dL/dw = g_s + g_0 w / w_0
+    w = out[..., 1:]
+    g_w = torch.addcmul(grad[..., 1:], (grad[..., 0] / out[..., 0]).unsqueeze(-1), w)
+    # bias gyroaddition w = y_s + e b_s, e = (b_s . y_s) / (sqrt(k) (b_0 + sqrt(k))) + y_0 / sqrt(k)
+    bias_time = _bias_time(bias, k)
+    inv_b = 1.0 / (sk * (bias_time + sk))
+    g_e = g_w @ bias
+    g_y_space = torch.addcmul(g_w, (g_e * inv_b).unsqueeze(-1), bias)
+    bias_dot = (y_space @ bias) * g_e
+    g_bias = sum_dims(st.e.unsqueeze(-1) * g_w + (g_e * inv_b).unsqueeze(-1) * y_space, keep=1)
+    g_bias = g_bias - (sk * inv_b * inv_b / bias_time) * sum_dims(bias_dot) * bias
+    # radius scaling y = (sqrt(k) cosh a, sqrt(k) sinh a u), a = factor r / sqrt(k)
+    g_a = g_e * st.sinh_a + sk * (g_y_space * u).sum(-1) * st.cosh_a  # dL/dy_0 = g_e / sqrt(k)
+    g_u = (sk * st.sinh_a).unsqueeze(-1) * g_y_space
+    g_factor = (g_a * st.r).sum(-1, keepdim=True) / sk
+    g_r = g_a * st.factor / sk
+    g_log_gain = sum_dims(g_factor * st.factor)
+    g_variance = -0.5 * g_factor * st.factor / (st.variance + eps)
+    # u = z / |z| and r = sqrt(k) arcosh(z_0 / sqrt(k)), z_0 = sqrt(k + |z|^2): dz_0 / dz = z / z_0
+    inv_norm = inverse_or_zero(st.z_norm)
+    x = st.z_time / sk
+    slope = torch.where(x > 1.0, g_r * torch.rsqrt(x * x - 1.0) / st.z_time, 0.0)
+    g_z = torch.addcmul(g_u * inv_norm.unsqueeze(-1), (slope - (g_u * u).sum(-1) * inv_norm.square()).unsqueeze(-1), z)
+    # centring z = x_s - c mu_s, c = -(x_s . mu_s) / (sqrt(k) (mu_0 + sqrt(k))) + x_0 / sqrt(k)
+    inv_c = 1.0 / (sk * (mu_0 + sk))  # (B, 1)
+    f = (g_z @ mu_s.transpose(-1, -2)).squeeze(-1)  # g_z . mu_s = -dL/dc
+    # dispersion sigma^2 = mean k arcosh(alpha)^2, alpha = (x_0 mu_0 - x_s . mu_s) / k
+    alpha = -(st.dot - p[..., 0] * mu_0) / k
+    g_alpha = torch.where(
+        alpha >= 1.0 + norm_floor(),
+        (g_variance * (2.0 * k / tokens)) * st.acosh_alpha * torch.rsqrt(alpha * alpha - 1.0),
+        0.0,
+    )
+    along_mu = f * inv_c - g_alpha / k  # dL/dx_s's part along mu_s
+    g_x0 = g_alpha * mu_0 / k - f / sk
+    g_xs = torch.addcmul(g_z, along_mu.unsqueeze(-1), mu_s)
+    g_mu_s = along_mu.unsqueeze(-2) @ xs - coef.unsqueeze(-2) @ g_z  # (B, 1, n)
+    g_mu_0 = ((g_alpha * p[..., 0]) / k - f * st.dot * (sk * inv_c * inv_c)).sum(-1, keepdim=True)
+    g_mu = torch.cat([g_mu_0.unsqueeze(-1), g_mu_s], dim=-1)
+    # centroid mu = lorentz_normalize(s), s = mean x
+    g_s = lorentz_normalize_backward(st.s, g_mu, k) / tokens
+    g_p = torch.cat([g_x0.unsqueeze(-1), g_xs], dim=-1) + g_s
+    return g_p, g_log_gain.reshape(log_gain.shape), g_bias
+
+
+class FusedAmbientGyroLayerNorm(torch.autograd.Function):
+    """The ambient gyro layer norm (see the module docstring) as one function.  Saved: the input, the output,
+    ``log_gain``, the bias point and :class:`AmbientNormSaved`."""
+
+    @staticmethod
+    def forward(ctx: Any, p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:  # noqa: D102
+        out, saved = run_maybe_compiled(ambient_norm_forward, p, p, log_gain, bias, k, eps)
+        ctx.layout = record_layout(saved)
+        ctx.save_for_backward(p, log_gain, bias, out, *record_leaves(saved))
+        ctx.k, ctx.eps = k, eps
+        return out
+
+    @staticmethod
+    @first_order
+    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
+        p, log_gain, bias, out, *leaves = ctx.saved_tensors
+        saved = rebuild_record(ctx.layout, iter(leaves))
+        g_p, g_log_gain, g_bias = run_maybe_compiled(
+            ambient_norm_backward, p, grad.contiguous(), p, out, log_gain, bias, saved, ctx.k, ctx.eps
+        )
+        return g_p, g_log_gain, g_bias, None, None
+
+
+@opaque_to_torch_compile
+def fused_ambient_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
+    """The ambient gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedAmbientGyroLayerNorm`."""
+    return FusedAmbientGyroLayerNorm.apply(p, log_gain, bias, float(k), float(eps))
