@@ -53,6 +53,8 @@ __all__ = [
     "argument_kinds",
     "kernel",
     "kernel_cache_dir",
+    "leading_columns",
+    "LeadingColumnsFunction",
     "opaque_to_torch_compile",
     "output_keeping",
     "rebuild_record",
@@ -489,19 +491,62 @@ class RecomputedFunction(torch.autograd.Function):
     def forward(ctx: Any, fn: Callable, constants: tuple, *tensors: Tensor) -> Tensor:  # noqa: D102
         ctx.fn, ctx.constants = fn, constants
         ctx.save_for_backward(*tensors)
-        if use_kernels(tensors[0]):  # (the cached binding is not traced inside torch.compile)
-            return kernel(bound(fn, constants))(*tensors)
-        return fn(*tensors, *constants)
+        return _recomputed_forward(fn, constants, tensors)
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        tensors, fn, constants = ctx.saved_tensors, ctx.fn, ctx.constants
-        if use_kernels(tensors[0]):
-            gradients = kernel(_vjp(fn, constants))(grad.contiguous(), *tensors)
-        else:
-            gradients = recomputed_gradients(fn, constants, grad.contiguous(), tensors)
-        return (None, None, *gradients)
+        return (None, None, *_recomputed_backward(ctx.fn, ctx.constants, grad.contiguous(), ctx.saved_tensors))
+
+
+class LeadingColumnsFunction(torch.autograd.Function):
+    """``fn(x[..., :width], *tensors, *constants)`` in place of the first ``width`` coordinates of ``x``, its other
+    coordinates passed through: :class:`RecomputedFunction` for a function that changes only a few leading
+    coordinates (the ambient twin's position encodings: the time and the four reserved coordinates).  Saved: those
+    columns of ``x`` and ``tensors``; backward recomputes and differentiates ``fn`` on them and passes the other
+    columns' gradient through.  Each a compiled kernel on the CPU where the whole call is large enough."""
+
+    @staticmethod
+    def forward(  # noqa: D102
+        ctx: Any, fn: Callable, constants: tuple, width: int, x: Tensor, *tensors: Tensor
+    ) -> Tensor:
+        ctx.fn, ctx.constants, ctx.width, ctx.size = fn, constants, width, x.numel()
+        lead = x[..., :width].contiguous()
+        ctx.save_for_backward(lead, *tensors)
+        return _leading_columns(x, _recomputed_forward(fn, constants, (lead, *tensors), x.numel()), width)
+
+    @staticmethod
+    @first_order
+    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
+        lead_grad = grad[..., : ctx.width].contiguous()
+        gradients = _recomputed_backward(ctx.fn, ctx.constants, lead_grad, ctx.saved_tensors, ctx.size)
+        return (None, None, None, _leading_columns(grad, gradients[0], ctx.width), *gradients[1:])
+
+
+def _recomputed_forward(fn: Callable, constants: tuple, tensors: tuple, size: int | None = None) -> Tensor:
+    """``fn(*tensors, *constants)``, a compiled kernel where :func:`use_kernels` says so for the first tensor (or a
+    call of ``size`` elements)."""
+    if use_kernels(tensors[0], size):  # (the cached binding is not traced inside torch.compile)
+        return kernel(bound(fn, constants))(*tensors)
+    return fn(*tensors, *constants)
+
+
+def _recomputed_backward(
+    fn: Callable, constants: tuple, grad: Tensor, tensors: tuple, size: int | None = None
+) -> tuple:
+    """The gradients of ``fn(*tensors, *constants)`` for the cotangent ``grad`` (:func:`recomputed_gradients`), a
+    compiled kernel as :func:`_recomputed_forward`."""
+    if use_kernels(tensors[0], size):
+        return kernel(_vjp(fn, constants))(grad, *tensors)
+    return recomputed_gradients(fn, constants, grad, tensors)
+
+
+def _leading_columns(x: Tensor, lead: Tensor, width: int) -> Tensor:
+    """A new tensor like ``x``: ``lead`` in its first ``width`` coordinates, ``x``'s other coordinates after them."""
+    out = torch.empty_like(x)
+    out[..., :width] = lead
+    out[..., width:] = x[..., width:]
+    return out
 
 
 class OutputKeepingFunction(torch.autograd.Function):
@@ -615,6 +660,18 @@ def recomputed(fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:
 def _recomputed(first: Tensor, fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:
     """:func:`recomputed` with its first tensor in front (what :func:`opaque_to_torch_compile` inspects)."""
     return RecomputedFunction.apply(fn, tuple(constants), first, *tensors)
+
+
+def leading_columns(fn: Callable, width: int, x: Tensor, *tensors: Tensor, constants: tuple = ()) -> Tensor:
+    """``x`` with its first ``width`` coordinates replaced by ``fn(x[..., :width], *tensors, *constants)``, through
+    :class:`LeadingColumnsFunction` (:func:`opaque_to_torch_compile`)."""
+    return _leading(x, fn, width, *tensors, constants=constants)
+
+
+@opaque_to_torch_compile
+def _leading(x: Tensor, fn: Callable, width: int, *tensors: Tensor, constants: tuple = ()) -> Tensor:
+    """:func:`leading_columns` with its first tensor in front (what :func:`opaque_to_torch_compile` inspects)."""
+    return LeadingColumnsFunction.apply(fn, tuple(constants), width, x, *tensors)
 
 
 @opaque_to_torch_compile

@@ -46,7 +46,7 @@ from .ambient import (
 )
 from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES
-from .cpu_kernels import first_order, output_keeping, recomputed
+from .cpu_kernels import first_order, leading_columns, output_keeping, recomputed
 from .fused_ambient import AMBIENT_KERNELS, fused_ambient_gyro_layer_norm
 from .fused_attention import fused_ambient_attention
 from .fused_gyro_norm import fused_gyro_layer_norm
@@ -82,6 +82,7 @@ from .stable_math import safe_normalize
 
 Rule = tuple[Tensor, Tensor, Tensor, Tensor]  # Eq. 8's (beta, lambda, varphi, varphi_0)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
+RESERVED_COLUMNS = 1 + 2 * len(POSITION_AXES)  # the time and the reserved axes, which position encodings move
 
 
 def product_dtype(device_type: str, weight_dtype: torch.dtype) -> torch.dtype | None:
@@ -561,7 +562,11 @@ class FusedAmbientOps(AmbientOps):
         return recomputed(ambient_scaled_boost_residual, x, f, alpha, strength, constants=(self.k,))
 
     def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:
-        return recomputed(ambient_relative_position, p, t_rows, t_cols, constants=(kind, self.k))
+        """Only the time and the reserved coordinates change (:data:`RESERVED_COLUMNS`): the function runs on them,
+        the other coordinates pass through (:func:`cpu_kernels.leading_columns`)."""
+        return leading_columns(
+            ambient_relative_position, RESERVED_COLUMNS, p, t_rows, t_cols, constants=(kind, self.k)
+        )
 
     def concat_heads(self, p: Tensor) -> Tensor:
         """Keeping only its output points, which the output projection's product keeps anyway

@@ -206,6 +206,25 @@ def test_ambient_gyro_layer_norm_kernels_match_eager_and_float64(kernels_on, bia
     assert really_compiled(fused_ambient.ambient_norm_forward, fused_ambient.ambient_norm_backward)
 
 
+@pytest.mark.parametrize("kind", ["horoshift", "boost", "rotation"])
+def test_ambient_position_encoding_kernels_match_eager_and_float64(kernels_on, kind):
+    """The ambient twin's position encoding on its five leading coordinates (``LeadingColumnsFunction``) as a
+    compiled forward and vector-Jacobian kernel, at radii up to 4."""
+    from polar_vit_hf.modeling.manifold_ops import FusedAmbientOps, ambient_relative_position
+
+    polar = points(2, 6, 10, 4.0, 7).unsqueeze(-2).expand(2, 6, 3, 11)  # (B, N, H, d+1)
+    p = P.geometry.to_ambient(polar[..., 0], polar[..., 1:], 1.1).float()
+    t_rows, t_cols = torch.linspace(-0.6, 0.9, 18).view(6, 3), torch.linspace(0.8, -0.4, 18).view(6, 3)
+
+    def fn(p, t_rows, t_cols):
+        return FusedAmbientOps(1.1).relative_position(kind, p, t_rows, t_cols)
+
+    check_kernels(fn, p, t_rows, t_cols)
+    constants = (kind, 1.1)
+    assert really_compiled(cpu_kernels.bound(ambient_relative_position, constants))
+    assert really_compiled(cpu_kernels._vjp(ambient_relative_position, constants))
+
+
 @pytest.mark.parametrize("rmax", [1e-4, 0.5, 4.0, 8.0, 12.0])
 def test_direct_concat_kernels_match_eager_and_float64(kernels_on, rmax):
     """The heads' direct concatenation (FusedDirectConcat) as compiled forward and backward kernels."""
