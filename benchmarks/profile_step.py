@@ -158,7 +158,7 @@ def modeling_module(package: ModuleType | None, name: str) -> ModuleType:
 
 def function_label(name: str, generic: bool, backward: bool, args: tuple) -> str:
     """A row's name: the Function's (``...Backward`` for its backward), and for the generic Functions of
-    ``cpu_kernels`` (``RecomputedFunction``, ``OutputKeepingFunction``: every ambient layer) the function they run
+    ``cpu_kernels`` (``RecomputedFunction``, ``LeadingColumnsFunction``: ambient layers) the function they run
     in brackets, read from the call's arguments (``fn`` after ``ctx`` forward, ``ctx.fn`` backward)."""
     if not generic:
         return name

@@ -32,6 +32,7 @@ __all__ = [
     "gyroadd",
     "horoshift",
     "inner",
+    "klein",
     "lorentz_normalize",
     "lorentz_normalize_backward",
     "acosh_slope",
@@ -40,6 +41,7 @@ __all__ = [
     "pairwise_minus_inner",
     "pairwise_sq_distance",
     "project_grad",
+    "radius",
     "rotate",
     "sq_distance",
     "tangent_from_polar",
@@ -70,6 +72,18 @@ def from_space(xs: Tensor, k: Curvature = 1.0) -> Tensor:
     """Complete space coordinates with the recomputed time ``x_0 = sqrt(k + ||x_s||^2)`` (Section 3)."""
     _sqrt_k(k)
     return torch.cat([torch.sqrt(k + xs.square().sum(-1, keepdim=True)), xs], dim=-1)
+
+
+def radius(x: Tensor, k: Curvature = 1.0) -> Tensor:
+    """Geodesic radius ``sqrt(k) arcosh(x_0 / sqrt(k))``, read from the time coordinate as ambient models do (the
+    argument clamped at 1)."""
+    sk = _sqrt_k(k)
+    return sk * torch.acosh((x[..., 0] / sk).clamp_min(1.0))
+
+
+def klein(x: Tensor) -> Tensor:
+    """Klein coordinates ``chi = x_s / x_0`` (Eq. 8)."""
+    return x[..., 1:] / x[..., :1]
 
 
 def sq_distance(x: Tensor, y: Tensor, k: Curvature = 1.0) -> Tensor:

@@ -12,9 +12,9 @@ Compiled kernels are kept on disk (:class:`PersistentKernel`, :func:`kernel_cach
 machine, torch and source, loaded in milliseconds by every later process.
 
 :class:`RecomputedFunction` (:func:`recomputed`) runs any pure tensor function without keeping its autograd
-graph: backward recomputes it and differentiates it with ``torch.func.vjp``; :class:`OutputKeepingFunction`
-(:func:`output_keeping`) does the same from its output and a small summary of its first input, where its consumers
-keep that output anyway.
+graph: backward recomputes it and differentiates it with ``torch.func.vjp``; :class:`LeadingColumnsFunction`
+(:func:`leading_columns`) does the same for a function of the first few coordinates of a tensor, the others passed
+through.
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and :mod:`runtime`.
 """
@@ -40,7 +40,6 @@ from .runtime import runtime_options, set_runtime_options
 __all__ = [
     "DOUBLE_BACKWARD_MESSAGE",
     "OPAQUE_REASON",
-    "OutputKeepingFunction",
     "RecomputedFunction",
     "bound",
     "clear_compiled",
@@ -56,7 +55,6 @@ __all__ = [
     "leading_columns",
     "LeadingColumnsFunction",
     "opaque_to_torch_compile",
-    "output_keeping",
     "rebuild_record",
     "recomputed",
     "record_layout",
@@ -549,38 +547,6 @@ def _leading_columns(x: Tensor, lead: Tensor, width: int) -> Tensor:
     return out
 
 
-class OutputKeepingFunction(torch.autograd.Function):
-    """``fn(x, *tensors, *constants)`` as :class:`RecomputedFunction`, keeping its output and ``summary(x, output)``
-    in place of its first input ``x``: for a function whose output its consumers keep anyway, and from which, with
-    a summary much smaller than ``x``, ``x = rebuild(output, summary)``.  Backward rebuilds ``x`` and differentiates
-    ``fn`` there; each a compiled kernel on the CPU (forward: the output and the summary; backward: the rebuilt
-    input and the gradients)."""
-
-    @staticmethod
-    def forward(  # noqa: D102
-        ctx: Any, fn: Callable, summary: Callable, rebuild: Callable, constants: tuple, x: Tensor, *tensors: Tensor
-    ) -> Tensor:
-        ctx.fn, ctx.rebuild, ctx.constants = fn, rebuild, constants
-        if use_kernels(x):
-            out, kept = kernel(_with_summary(fn, summary, constants))(x, *tensors)
-        else:
-            out = fn(x, *tensors, *constants)
-            kept = summary(x, out)
-        ctx.save_for_backward(out, kept, *tensors)
-        return out
-
-    @staticmethod
-    @first_order
-    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        out, kept, *tensors = ctx.saved_tensors
-        fn, rebuild, constants = ctx.fn, ctx.rebuild, ctx.constants
-        if use_kernels(out):
-            gradients = kernel(_rebuilt_vjp(fn, rebuild, constants))(grad.contiguous(), out, kept, *tensors)
-        else:
-            gradients = recomputed_gradients(fn, constants, grad.contiguous(), (rebuild(out, kept), *tensors))
-        return (None, None, None, None, *gradients)
-
-
 @functools.cache
 def bound(fn: Callable, constants: tuple) -> Callable:
     """``fn`` with its trailing ``constants`` bound (one function object per pair: one compiled kernel, the
@@ -593,28 +559,6 @@ def _vjp(fn: Callable, constants: tuple) -> Callable:
     """``(grad, *tensors) -> gradients of fn(*tensors, *constants)`` by :func:`recompute_vjp` (one function object
     per pair: one compiled kernel, ``fn``'s :func:`kernel_options`)."""
     return _with_options_of(fn, lambda grad, *tensors: recomputed_gradients(fn, constants, grad, tensors))
-
-
-@functools.cache
-def _with_summary(fn: Callable, summary: Callable, constants: tuple) -> Callable:
-    """``(x, *tensors) -> (out, summary(x, out))`` with ``out = fn(x, *tensors, *constants)``: one compiled kernel
-    (one function object per triple, ``fn``'s :func:`kernel_options`)."""
-
-    def forward(x: Tensor, *tensors: Tensor) -> tuple[Tensor, Tensor]:
-        out = fn(x, *tensors, *constants)
-        return out, summary(x, out)
-
-    return _with_options_of(fn, forward)
-
-
-@functools.cache
-def _rebuilt_vjp(fn: Callable, rebuild: Callable, constants: tuple) -> Callable:
-    """``(grad, out, kept, *tensors) -> gradients of fn(x, *tensors, *constants)`` at ``x = rebuild(out, kept)``
-    (:class:`OutputKeepingFunction`; one compiled kernel, ``fn``'s :func:`kernel_options`)."""
-    return _with_options_of(
-        fn,
-        lambda grad, out, kept, *tensors: recomputed_gradients(fn, constants, grad, (rebuild(out, kept), *tensors)),
-    )
 
 
 def _with_options_of(fn: Callable, derived: Callable) -> Callable:
@@ -672,11 +616,3 @@ def leading_columns(fn: Callable, width: int, x: Tensor, *tensors: Tensor, const
 def _leading(x: Tensor, fn: Callable, width: int, *tensors: Tensor, constants: tuple = ()) -> Tensor:
     """:func:`leading_columns` with its first tensor in front (what :func:`opaque_to_torch_compile` inspects)."""
     return LeadingColumnsFunction.apply(fn, tuple(constants), width, x, *tensors)
-
-
-@opaque_to_torch_compile
-def output_keeping(
-    x: Tensor, fn: Callable, summary: Callable, rebuild: Callable, *tensors: Tensor, constants: tuple = ()
-) -> Tensor:
-    """``fn(x, *tensors, *constants)`` through :class:`OutputKeepingFunction` (:func:`opaque_to_torch_compile`)."""
-    return OutputKeepingFunction.apply(fn, summary, rebuild, tuple(constants), x, *tensors)

@@ -34,7 +34,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .ambient import lorentz_normalize, lorentz_normalize_backward, norm_floor
+from .ambient import (
+    klein as ambient_klein,
+    lorentz_normalize,
+    lorentz_normalize_backward,
+    norm_floor,
+    radius as ambient_radius,
+)
 from .cpu_kernels import (
     first_order,
     inductor_options,
@@ -45,9 +51,19 @@ from .cpu_kernels import (
     run_maybe_compiled,
     sum_dims,
 )
+from .fused_layers import polar_fc_log_radius, radius_offset
 from .stable_math import inverse_or_zero, safe_normalize
 
-__all__ = ["AMBIENT_KERNELS", "AmbientNormSaved", "FusedAmbientGyroLayerNorm", "fused_ambient_gyro_layer_norm"]
+__all__ = [
+    "AMBIENT_KERNELS",
+    "AmbientNormSaved",
+    "FusedAmbientFCOutput",
+    "FusedAmbientGyroLayerNorm",
+    "ambient_fc_backward",
+    "ambient_fc_forward",
+    "fused_ambient_fc_output",
+    "fused_ambient_gyro_layer_norm",
+]
 
 # the ambient twin's kernels store every value read more than once (measured: the twin's training step 20-30 %
 # faster; inductor otherwise evaluates each per-token sinh / cosh / arcosh again in every loop over the coordinates
@@ -200,3 +216,125 @@ class FusedAmbientGyroLayerNorm(torch.autograd.Function):
 def fused_ambient_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
     """The ambient gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedAmbientGyroLayerNorm`."""
     return FusedAmbientGyroLayerNorm.apply(p, log_gain, bias, float(k), float(eps))
+
+
+# --------------------------------------------------------------------------------------------
+# Polar-FC output points (Eq. 8) in ambient coordinates
+# --------------------------------------------------------------------------------------------
+AmbientRule = tuple[Tensor, Tensor, Tensor, Tensor]  # Eq. 8's (beta, lambda, varphi, varphi_0)
+
+
+@AMBIENT_KERNELS
+def ambient_fc_forward(
+    h: Tensor, p: Tensor, rule: AmbientRule | None, k: float, gelu: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out, ||h||, e^l)`` of Eq. 8 in ambient coordinates, straight from the log-radius ``l`` of the product
+    ``h (..., H, d)`` (before the GELU when ``gelu``) and the input points ``p (..., n+1)``: ``sinh(r' / sqrt(k)) =
+    e^l``, so ``x_s = sqrt(k) e^l h / ||h||`` and ``x_0 = sqrt(k) hypot(e^l, 1)``.  With the radius rule
+    ``(beta, lambda, varphi, varphi_0)``, ``l = beta ln||h|| + lambda a + varphi . chi + varphi_0`` with ``a`` and
+    ``chi`` read from ``p`` as ambient models do (:func:`ambient.radius`, :func:`ambient.klein`); without it
+    ``l = ln||h||`` and ``x_s = sqrt(k) h``, the ambient Lorentz linear layer."""
+    sk = math.sqrt(k)
+    offset, norm_power = None, None
+    if rule is not None:
+        norm_power, radius_weight, klein_weight, radius_bias = rule
+        klein_term = ambient_klein(p) @ klein_weight.t()
+        offset = radius_offset(ambient_radius(p, k) / sk, klein_term, radius_weight, radius_bias)
+    h, norm, log_radius = polar_fc_log_radius(h, offset, norm_power, gelu)
+    sinh_l = torch.exp(log_radius)
+    space = (sk * sinh_l).unsqueeze(-1) * safe_normalize(h, norm)
+    time = sk * torch.hypot(sinh_l, torch.ones_like(sinh_l))
+    return torch.cat([time.unsqueeze(-1), space], -1), norm, sinh_l
+
+
+@AMBIENT_KERNELS
+def ambient_fc_backward(
+    grad: Tensor,
+    kept: Tensor,
+    norm: Tensor,
+    sinh_l: Tensor,
+    p: Tensor | None,
+    weights: tuple[Tensor, Tensor, Tensor] | None,
+    k: float,
+    gelu: bool,
+) -> tuple[Tensor, Tensor | None, tuple[Tensor, ...] | None]:
+    """``(dL/dh, dL/dp, dL/drule)`` of :func:`ambient_fc_forward` from ``||h||``, ``e^l`` and ``kept``: the output
+    points, or with the GELU the pre-activation product (the directions ``u'`` read from either; with the rule, the
+    input points and ``weights = (beta, lambda, varphi)``).  With ``s = e^l``:
+
+        g_l = sqrt(k) s (g_0 s / hypot(s, 1) + g_s . u'),   g_u' = sqrt(k) s g_s,
+        g_h = (g_u' + (beta g_l - g_u' . u') u') / ||h||   (beta = 1 without the rule),
+
+    the rule's parameters ``(sum g_l ln||h||, sum g_l a, sum g_l chi^T, sum g_l)`` and the input's ``g_a = lambda .
+    g_l``, ``g_chi = varphi^T g_l`` through ``a = arcosh(x_0 / sqrt(k))`` (no gradient where ``x_0 / sqrt(k)``
+    rounds to 1: its slope is infinite there) and ``chi = x_s / x_0``."""
+    sk = math.sqrt(k)
+    g_time, g_space = grad[..., 0], grad[..., 1:]
+    u = safe_normalize(torch.nn.functional.gelu(kept), norm) if gelu else safe_normalize(kept[..., 1:])
+    g_u = (sk * sinh_l).unsqueeze(-1) * g_space
+    g_l = sk * sinh_l * (g_time * sinh_l / torch.hypot(sinh_l, torch.ones_like(sinh_l)) + (g_space * u).sum(-1))
+    coef = (g_l if weights is None else g_l * weights[0]) - (g_u * u).sum(-1)
+    g_h = torch.addcmul(g_u, coef.unsqueeze(-1), u) * inverse_or_zero(norm).unsqueeze(-1)
+    if gelu:
+        g_h = torch.ops.aten.gelu_backward(g_h, kept)
+    if weights is None or p is None:
+        return g_h, None, None
+    _, radius_weight, klein_weight = weights
+    a, chi = ambient_radius(p, k) / sk, ambient_klein(p)
+    g_rule = (
+        sum_dims(g_l * torch.log(norm.clamp_min(1e-30)), keep=1),
+        sum_dims(g_l * a.unsqueeze(-1), keep=1),
+        g_l.flatten(0, -2).t() @ chi.flatten(0, -2),
+        sum_dims(g_l, keep=1),
+    )
+    g_chi = g_l @ klein_weight  # (..., n)
+    x0 = p[..., 0]
+    x = x0 / sk
+    g_a = torch.where(x > 1.0, (g_l @ radius_weight) * torch.rsqrt(x * x - 1.0) / sk, 0.0)
+    g_x0 = g_a - (g_chi * p[..., 1:]).sum(-1) / x0.square()
+    return g_h, torch.cat([g_x0.unsqueeze(-1), g_chi / x0.unsqueeze(-1)], -1), g_rule
+
+
+class FusedAmbientFCOutput(torch.autograd.Function):
+    """The output points of an ambient Polar-FC (:func:`ambient_fc_forward`) from its product ``h`` and input points
+    ``p``, with a hand-derived backward (:func:`ambient_fc_backward`).  Saved: ``||h||`` and ``e^l`` per head, the
+    output (which the next layer keeps anyway) or, before a GELU, the product in its place (which the output does not
+    determine), the input points only with the radius rule (the product keeps them anyway), and the rule's
+    parameters."""
+
+    @staticmethod
+    def forward(  # noqa: D102
+        ctx: Any,
+        h: Tensor,
+        p: Tensor,
+        norm_power: Tensor | None,
+        radius_weight: Tensor | None,
+        klein_weight: Tensor | None,
+        radius_bias: Tensor | None,
+        k: float,
+        gelu: bool,
+    ) -> Tensor:
+        rule = None if norm_power is None else (norm_power, radius_weight, klein_weight, radius_bias)
+        out, norm, sinh_l = run_maybe_compiled(ambient_fc_forward, h, h, p, rule, k, gelu)
+        kept_p = None if rule is None else p
+        ctx.save_for_backward(h if gelu else out, norm, sinh_l, kept_p, norm_power, radius_weight, klein_weight)
+        ctx.k, ctx.gelu = k, gelu
+        return out
+
+    @staticmethod
+    @first_order
+    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
+        kept, norm, sinh_l, p, norm_power, radius_weight, klein_weight = ctx.saved_tensors
+        weights = None if norm_power is None else (norm_power, radius_weight, klein_weight)
+        g_h, g_p, g_rule = run_maybe_compiled(
+            ambient_fc_backward, kept, grad.contiguous(), kept, norm, sinh_l, p, weights, ctx.k, ctx.gelu
+        )
+        return g_h, g_p, *(g_rule if g_rule is not None else (None,) * 4), None, None
+
+
+@opaque_to_torch_compile
+def fused_ambient_fc_output(h: Tensor, p: Tensor, rule: AmbientRule | None, k: float, gelu: bool) -> Tensor:
+    """The ambient Polar-FC's output points ``(..., H, d+1)`` from its product ``h (..., H, d)`` and input points
+    ``p (..., n+1)``; see :class:`FusedAmbientFCOutput`."""
+    parameters = rule if rule is not None else (None, None, None, None)
+    return FusedAmbientFCOutput.apply(h, p, *parameters, float(k), bool(gelu))

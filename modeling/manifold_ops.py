@@ -40,14 +40,16 @@ from .ambient import (
     from_space as ambient_from_space,
     gyroadd as ambient_gyroadd,
     horoshift as ambient_horoshift,
+    klein as ambient_klein,
     pairwise_sq_distance as ambient_pairwise_sq_distance,
+    radius as ambient_radius,
     rotate as ambient_rotate,
     sq_distance as ambient_sq_distance,
 )
 from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES
-from .cpu_kernels import first_order, leading_columns, output_keeping, recomputed
-from .fused_ambient import AMBIENT_KERNELS, fused_ambient_gyro_layer_norm
+from .cpu_kernels import first_order, leading_columns, recomputed
+from .fused_ambient import AMBIENT_KERNELS, ambient_fc_forward, fused_ambient_fc_output, fused_ambient_gyro_layer_norm
 from .fused_attention import fused_ambient_attention
 from .fused_gyro_norm import fused_gyro_layer_norm
 from .fused_layers import (
@@ -59,7 +61,6 @@ from .fused_layers import (
     is_gelu,
     packed_direct_concat,
     polar_fc_epilogue,
-    polar_fc_log_radius,
     policy_matmul,
     radius_offset,
 )
@@ -441,7 +442,7 @@ class AmbientOps(ManifoldOps):
 
     def radius(self, p: Tensor) -> Tensor:
         """``sqrt(k) arcosh(x_0 / sqrt(k))``, read from the time coordinate as ambient models do."""
-        return self.sqrt_k * torch.acosh((p[..., 0] / self.sqrt_k).clamp_min(1.0))
+        return ambient_radius(p, self.k)
 
     def polar(self, p: Tensor) -> tuple[Tensor, Tensor]:
         return self.radius(p), safe_normalize(p[..., 1:])
@@ -453,7 +454,7 @@ class AmbientOps(ManifoldOps):
         return p if self.sqrt_k == 1.0 else p / self.sqrt_k  # (no copy at k = 1: the product saves its input)
 
     def klein(self, p: Tensor) -> Tensor:
-        return p[..., 1:] / p[..., :1]
+        return ambient_klein(p)
 
     def space(self, p: Tensor) -> Tensor:
         return p[..., 1:]
@@ -512,14 +513,9 @@ class AmbientOps(ManifoldOps):
         return self.centroid(v, weights), (weights if return_probs else None)
 
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
-        """Eq. 8's output in ambient coordinates, straight from its log-radius ``l``: ``sinh(r' / sqrt(k)) = e^l``,
-        so ``x_s = sqrt(k) e^l u'`` and ``x_0 = sqrt(k) hypot(e^l, 1)`` (without the radius rule ``x_s = sqrt(k)
-        h``: the ambient Lorentz linear layer, its time coordinate from the hyperboloid)."""
-        offset, norm_power = self.radius_rule_terms(p, rule)
-        h, norm, log_radius = polar_fc_log_radius(h, offset, norm_power, gelu)
-        sinh_a = torch.exp(log_radius)
-        space = (self.sqrt_k * sinh_a).unsqueeze(-1) * safe_normalize(h, norm)
-        return torch.cat([(self.sqrt_k * torch.hypot(sinh_a, torch.ones_like(sinh_a))).unsqueeze(-1), space], -1)
+        """Eq. 8's output in ambient coordinates, straight from its log-radius
+        (:func:`fused_ambient.ambient_fc_forward`, differentiated by autograd)."""
+        return ambient_fc_forward(h, p, _cast(rule, p.dtype), self.k, gelu)[0]
 
     def hyperplane_margin(self, p: Tensor, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
         x = p / self.sqrt_k
@@ -531,27 +527,17 @@ class AmbientOps(ManifoldOps):
 
 class FusedAmbientOps(AmbientOps):
     """Ambient coordinates, the fused layers: the formulas of :class:`AmbientOps`, in the same order, without an
-    autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention` and the gyro
-    layer norm :class:`fused_ambient.FusedAmbientGyroLayerNorm` (hand-derived backward passes); the boost residual
-    and the position encodings are recomputed functions
-    (:func:`cpu_kernels.recomputed`: backward recomputes and differentiates them); each a compiled kernel on the
-    CPU.  Polar-FC's product is autograd's (it keeps the input points and the weight); its output points
-    (:meth:`ManifoldOps.polar_fc_output`: the epilogue of Eq. 8, the radius rule and the ambient coordinates) are
-    a recomputed function of the product and the input points, which without the GELU keeps its output in place of
-    the product (:func:`cpu_kernels.output_keeping`); the heads' concatenation keeps only its output
-    (:class:`SpaceToPoint`)."""
+    autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention`, the gyro
+    layer norm :class:`fused_ambient.FusedAmbientGyroLayerNorm` and the Polar-FC's output points (the epilogue of
+    Eq. 8, the radius rule and the ambient coordinates) :class:`fused_ambient.FusedAmbientFCOutput`, with
+    hand-derived backward passes; the boost residual and the position encodings are recomputed functions
+    (:func:`cpu_kernels.recomputed`, :func:`cpu_kernels.leading_columns`: backward recomputes and differentiates
+    them); each a compiled kernel on the CPU.  Polar-FC's product is autograd's (it keeps the input points and the
+    weight); the heads' concatenation keeps only its output (:class:`SpaceToPoint`)."""
 
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
-        """Without the GELU the output keeps ``||h|| / ||x_s||`` per head in place of the product ``h``, which
-        backward rebuilds from the output that the next layer keeps anyway (:func:`ambient_fc_product`)."""
-        fn, tensors = (
-            (ambient_polar_fc_output, ())
-            if rule is None
-            else (ambient_polar_fc_rule_output, (p, *(t.to(p.dtype) for t in rule)))
-        )
-        if gelu:
-            return recomputed(fn, h, *tensors, constants=(self.k, gelu))
-        return output_keeping(h, fn, ambient_fc_scale, ambient_fc_product, *tensors, constants=(self.k, gelu))
+        """:class:`fused_ambient.FusedAmbientFCOutput`: without the GELU nothing of the product's size is kept."""
+        return fused_ambient_fc_output(h, p, _cast(rule, p.dtype), self.k, gelu)
 
     def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
         return fused_ambient_gyro_layer_norm(p, log_gain, bias_space, self.k, eps)
@@ -600,23 +586,6 @@ class SpaceToPoint(torch.autograd.Function):
         return torch.addcmul(grad[..., 1:], grad[..., :1] / out[..., :1], out[..., 1:]), None
 
 
-def ambient_fc_scale(h: Tensor, out: Tensor) -> Tensor:
-    """``||h|| / ||x_s||`` per head ``(..., H)`` of an ambient Polar-FC (no GELU) with product ``h (..., H, d)`` and
-    output points ``out = [x_0, x_s] (..., H, d+1)``: Eq. 8 gives ``x_s = sqrt(k) e^l h / ||h||``, so ``h = x_s
-    ||h|| / ||x_s||`` (:func:`ambient_fc_product`); ``0`` where ``x_s = 0``."""
-    space_norm = torch.linalg.vector_norm(out[..., 1:], dim=-1)
-    nonzero = space_norm > 0
-    return torch.where(nonzero, torch.linalg.vector_norm(h, dim=-1) / torch.where(nonzero, space_norm, 1.0), 0.0)
-
-
-def ambient_fc_product(out: Tensor, scale: Tensor) -> Tensor:
-    """An ambient Polar-FC's product ``h = x_s ||h|| / ||x_s||`` ``(..., H, d)`` rebuilt from its output points
-    ``out (..., H, d+1)`` and :func:`ambient_fc_scale`: a few ulp from the product it was computed from, ``0`` where
-    ``||h|| = 0``, and ``0`` where ``e^l`` underflowed to ``x_s = 0`` (there every gradient of the output carries
-    that vanishing ``e^l``)."""
-    return out[..., 1:] * scale.unsqueeze(-1)
-
-
 # the recomputed layers of FusedAmbientOps: AmbientOps' formulas as pure functions of tensors and constants ------
 # (with the ambient twin's inductor options, fused_ambient.AMBIENT_KERNELS)
 
@@ -634,32 +603,14 @@ def ambient_scaled_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength:
 
 
 @AMBIENT_KERNELS
-def ambient_polar_fc_output(h: Tensor, k: float, gelu: bool) -> Tensor:
-    """:meth:`ManifoldOps.polar_fc_output` in ambient coordinates, without the radius rule."""
-    return AmbientOps(k).polar_fc_output(h, h, None, gelu)
-
-
-@AMBIENT_KERNELS
-def ambient_polar_fc_rule_output(
-    h: Tensor,
-    p: Tensor,
-    norm_power: Tensor,
-    radius_weight: Tensor,
-    klein_weight: Tensor,
-    radius_bias: Tensor,
-    k: float,
-    gelu: bool,
-) -> Tensor:
-    """:meth:`ManifoldOps.polar_fc_output` in ambient coordinates, with the radius rule ``(beta, lambda, varphi,
-    varphi_0)`` of Eq. 8."""
-    rule = (norm_power, radius_weight, klein_weight, radius_bias)
-    return AmbientOps(k).polar_fc_output(h, p, rule, gelu)
-
-
-@AMBIENT_KERNELS
 def ambient_relative_position(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, k: float) -> Tensor:
     """:meth:`ManifoldOps.relative_position` in ambient coordinates."""
     return ManifoldOps.relative_position(AmbientOps(k), kind, p, t_rows, t_cols)
+
+
+def _cast(rule: Rule | None, dtype: torch.dtype) -> Rule | None:
+    """Eq. 8's radius rule in the points' precision (``None`` without the rule)."""
+    return None if rule is None else (rule[0].to(dtype), rule[1].to(dtype), rule[2].to(dtype), rule[3].to(dtype))
 
 
 def make_ops(

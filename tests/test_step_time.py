@@ -245,8 +245,9 @@ def test_layer_ab_names_the_parameter_whose_gradients_differ_most():
 
 
 def test_the_wall_clock_names_each_generic_kernel_function_by_what_it_runs():
-    """``timed_functions``: the ambient layers all run through ``RecomputedFunction`` / ``OutputKeepingFunction``;
-    their rows carry the function each call runs, forward and backward."""
+    """``timed_functions``: the ambient boost residual and position encodings run through the generic
+    ``RecomputedFunction`` / ``LeadingColumnsFunction``; their rows carry the function each call runs, forward and
+    backward."""
     import torch
 
     import polar_vit_hf as P
@@ -263,10 +264,12 @@ def test_the_wall_clock_names_each_generic_kernel_function_by_what_it_runs():
         "FusedAmbientGyroLayerNormBackward",
         "RecomputedFunction[ambient_boost_residual]",
         "RecomputedFunctionBackward[ambient_boost_residual]",
-        "OutputKeepingFunction[ambient_polar_fc_rule_output]",
-        "OutputKeepingFunctionBackward[ambient_polar_fc_rule_output]",
+        "LeadingColumnsFunction[ambient_relative_position]",
+        "LeadingColumnsFunctionBackward[ambient_relative_position]",
+        "FusedAmbientFCOutput",
+        "FusedAmbientFCOutputBackward",
         "FusedAmbientAttention",
     } <= set(totals)
     assert not any(
-        name.startswith(("RecomputedFunction", "OutputKeepingFunction")) and "[" not in name for name in totals
+        name.startswith(("RecomputedFunction", "LeadingColumnsFunction")) and "[" not in name for name in totals
     )
