@@ -515,7 +515,7 @@ class AmbientOps(ManifoldOps):
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
         """Eq. 8's output in ambient coordinates, straight from its log-radius
         (:func:`fused_ambient.ambient_fc_forward`, differentiated by autograd)."""
-        return ambient_fc_forward(h, p, _cast(rule, p.dtype), self.k, gelu)[0]
+        return ambient_fc_forward(h, p, _cast(rule, h.dtype), self.k, gelu)[0]
 
     def hyperplane_margin(self, p: Tensor, z_hat: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
         x = p / self.sqrt_k
@@ -537,7 +537,7 @@ class FusedAmbientOps(AmbientOps):
 
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
         """:class:`fused_ambient.FusedAmbientFCOutput`: without the GELU nothing of the product's size is kept."""
-        return fused_ambient_fc_output(h, p, _cast(rule, p.dtype), self.k, gelu)
+        return fused_ambient_fc_output(h, p, _cast(rule, h.dtype), self.k, gelu)
 
     def gyro_layer_norm(self, p: Tensor, log_gain: Tensor, bias_space: Tensor, eps: float) -> Tensor:
         return fused_ambient_gyro_layer_norm(p, log_gain, bias_space, self.k, eps)
@@ -609,7 +609,7 @@ def ambient_relative_position(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: s
 
 
 def _cast(rule: Rule | None, dtype: torch.dtype) -> Rule | None:
-    """Eq. 8's radius rule in the points' precision (``None`` without the rule)."""
+    """Eq. 8's radius rule in the precision of the points and the product (``None`` without the rule)."""
     return None if rule is None else (rule[0].to(dtype), rule[1].to(dtype), rule[2].to(dtype), rule[3].to(dtype))
 
 
