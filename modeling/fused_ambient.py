@@ -1,7 +1,9 @@
-"""The ambient twin's gyro layer norm with a hand-derived backward: :meth:`ManifoldOps.gyro_layer_norm` in ambient
-coordinates (:class:`manifold_ops.AmbientOps`, the textbook Lorentz formulas of :mod:`ambient`), in the same order.
+"""The ambient twin's layers with hand-derived backward passes: the gyro layer norm
+(:meth:`ManifoldOps.gyro_layer_norm` in ambient coordinates, :class:`FusedAmbientGyroLayerNorm`) and the Polar-FC's
+output points (Eq. 8 in ambient coordinates, :class:`FusedAmbientFCOutput`), each with the formulas of
+:class:`manifold_ops.AmbientOps` (the textbook Lorentz formulas of :mod:`ambient`) in the same order.
 
-For the tokens ``x_i = (x_i0, x_is) (B, N, n+1)`` of a sample:
+The gyro layer norm, for the tokens ``x_i = (x_i0, x_is) (B, N, n+1)`` of a sample:
 
 * centroid, Eq. 4 with weights ``1/N``: ``s = mean_i x_i``, ``mu = sqrt(k) s / sqrt(|<s, s>_L|)``;
 * dispersion, Eq. 1: ``sigma^2 = mean_i k arcosh(alpha_i)^2``, ``alpha_i = -<x_i, mu>_L / k`` (clamped at
@@ -18,9 +20,9 @@ The backward differentiates these expressions as autograd would (``arcosh'(x) = 
 passing the gradient where the argument is at or above the bound), so in float64 its gradients are the
 reference's to rounding.  Where a centred token's time coordinate rounds to ``sqrt(k)`` (the token at the
 centroid, to rounding), ``arcosh``'s slope is infinite: its radius passes no gradient there, where autograd's is
-infinite or ``NaN``.  The forward keeps its input, its
-output, the centroid and per-token scalars (:class:`AmbientNormSaved`); the backward rebuilds the token-wide
-``z_i``, ``u_i`` and ``y_is`` from them in a few passes.  Forward and backward are each one compiled kernel in
+infinite or ``NaN``.  The forward keeps its input, its output, the centroid and per-token scalars
+(:class:`AmbientNormSaved`); the backward rebuilds the token-wide ``z_i``, ``u_i`` and ``y_is`` from them in a few
+passes.  Forward and backward are each one compiled kernel in
 float32 on the CPU (:mod:`cpu_kernels`), with the ambient twin's inductor options (:data:`AMBIENT_KERNELS`).
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
@@ -73,7 +75,7 @@ AMBIENT_KERNELS = inductor_options(realize_reads_threshold=1)
 
 class AmbientNormSaved(NamedTuple):
     """What :class:`FusedAmbientGyroLayerNorm` keeps besides its input and output: the centroid ``s`` before
-    normalising and ``mu`` ``(B, 1, n+1)``, ``sigma^2`` and the scale ``gamma / sqrt(sigma^2 + eps)`` ``(B,)``, and
+    normalising and ``mu`` ``(B, 1, n+1)``, ``sigma^2`` and the scale ``gamma / sqrt(sigma^2 + eps)`` ``(B, 1)``, and
     per token ``x_is . mu_s``, ``arcosh alpha_i``, ``|z_i|``, the time coordinate ``sqrt(k + |z_i|^2)``,
     ``r_i``, ``sinh a_i``, ``cosh a_i`` and ``e_i`` ``(B, N)``."""
 
