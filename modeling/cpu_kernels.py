@@ -62,6 +62,8 @@ __all__ = [
     "recompute_vjp",
     "recomputed_gradients",
     "run_maybe_compiled",
+    "save_with_record",
+    "saved_with_record",
     "saved_tensor_hooks_active",
     "set_cpu_kernels",
     "sum_dims",
@@ -593,6 +595,19 @@ def rebuild_record(layout: Any, leaves: Any) -> Any:
     if isinstance(layout, tuple) and hasattr(layout, "_fields"):
         return type(layout)(*(rebuild_record(item, leaves) for item in layout))
     return next(leaves)
+
+
+def save_with_record(ctx: Any, record: Any, *tensors: Tensor | None) -> None:
+    """``ctx.save_for_backward(*tensors, *record's leaves)``, the record's layout on ``ctx``
+    (:func:`saved_with_record` returns both)."""
+    ctx.record_layout, ctx.kept_tensors = record_layout(record), len(tensors)
+    ctx.save_for_backward(*tensors, *record_leaves(record))
+
+
+def saved_with_record(ctx: Any) -> tuple[tuple[Tensor, ...], Any]:
+    """``(tensors, record)`` as :func:`save_with_record` saved them."""
+    saved = ctx.saved_tensors
+    return saved[: ctx.kept_tensors], rebuild_record(ctx.record_layout, iter(saved[ctx.kept_tensors :]))
 
 
 def recomputed(fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:

@@ -47,10 +47,9 @@ from .cpu_kernels import (
     first_order,
     inductor_options,
     opaque_to_torch_compile,
-    rebuild_record,
-    record_layout,
-    record_leaves,
     run_maybe_compiled,
+    save_with_record,
+    saved_with_record,
     sum_dims,
 )
 from .fused_layers import polar_fc_log_radius, radius_offset
@@ -198,16 +197,14 @@ class FusedAmbientGyroLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:  # noqa: D102
         out, saved = run_maybe_compiled(ambient_norm_forward, p, p, log_gain, bias, k, eps)
-        ctx.layout = record_layout(saved)
-        ctx.save_for_backward(p, log_gain, bias, out, *record_leaves(saved))
+        save_with_record(ctx, saved, p, log_gain, bias, out)
         ctx.k, ctx.eps = k, eps
         return out
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        p, log_gain, bias, out, *leaves = ctx.saved_tensors
-        saved = rebuild_record(ctx.layout, iter(leaves))
+        (p, log_gain, bias, out), saved = saved_with_record(ctx)
         g_p, g_log_gain, g_bias = run_maybe_compiled(
             ambient_norm_backward, p, grad.contiguous(), p, out, log_gain, bias, saved, ctx.k, ctx.eps
         )

@@ -22,10 +22,9 @@ from torch import Tensor
 from .cpu_kernels import (
     first_order,
     opaque_to_torch_compile,
-    rebuild_record,
-    record_layout,
-    record_leaves,
     run_maybe_compiled,
+    save_with_record,
+    saved_with_record,
     sum_dims,
 )
 from .fused_attention import centroid_row_gradients
@@ -463,16 +462,14 @@ class FusedGyroLayerNorm(torch.autograd.Function):
         eps: float,  # noqa: D102
     ) -> Tensor:
         out, small = run_maybe_compiled(_saved_forward, p, p, log_gain, bias, k, eps, bias_near_origin(bias, k))
-        ctx.layout = record_layout(small)
-        ctx.save_for_backward(p, log_gain, bias, out, *record_leaves(small))
+        save_with_record(ctx, small, p, log_gain, bias, out)
         ctx.k, ctx.eps = k, eps
         return out
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        p, log_gain, bias, out, *leaves = ctx.saved_tensors
-        small = rebuild_record(ctx.layout, iter(leaves))
+        (p, log_gain, bias, out), small = saved_with_record(ctx)
         g_p, g_log_gain, g_bias = run_maybe_compiled(
             _gradients, p, grad.contiguous(), p, out, log_gain, bias, small, ctx.k, ctx.eps
         )

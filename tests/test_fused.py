@@ -319,21 +319,29 @@ def test_polar_fc_gemm_padding_changes_no_value(rule, monkeypatch):
 # --------------------------------------------------------------------------------------------
 # gyro layer norm
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["generic", "aligned", "identical"])
-@pytest.mark.parametrize("rmax", RADII)
-@pytest.mark.parametrize("bias", [0.0, 0.3, 3.0])  # at the origin, near it (Eq. 20), beyond (Eq. 21)
-def test_fused_gyro_layer_norm_matches_reference_and_gradcheck(case, rmax, bias):
+def _gyro_norm_case(case: str, rmax: float, bias: float, k: float, origin: bool):
+    """A float64 gyro layer norm (gain 0.3, bias point ``N(0, bias)``) and 2 x 6 tokens ``(r, u)`` in 5 dimensions at
+    radii up to ``rmax`` (below 0.05 at ``rmax = 0``), the first at the origin where ``origin``; for ``identical``
+    every token of a sample the same (zero dispersion: the centred tokens are rounding noise or zero)."""
     torch.manual_seed(1)
-    k = 1.3
     norm = GyroLayerNorm(5, k, 1e-6).double()
     with torch.no_grad():
         norm.log_gain.fill_(0.3)
         norm.bias_point.normal_(0.0, bias) if bias else None
     r = radii(2, 6, rmax=rmax) if rmax > 0 else 0.05 * torch.rand(2, 6, dtype=F64)
-    r[0, 0] = 0.0 if rmax == 0 else r[0, 0]  # a token at the origin
+    r[0, 0] = 0.0 if origin else r[0, 0]
     u = directions(2, 6, 5, case=case)
-    if case == "identical":  # zero dispersion: the centred tokens are rounding noise scaled by 1/sqrt(eps)
+    if case == "identical":
         r[:], u[:] = r[:, :1], u[:, :1]
+    return norm, r, u
+
+
+@pytest.mark.parametrize("case", ["generic", "aligned", "identical"])
+@pytest.mark.parametrize("rmax", RADII)
+@pytest.mark.parametrize("bias", [0.0, 0.3, 3.0])  # at the origin, near it (Eq. 20), beyond (Eq. 21)
+def test_fused_gyro_layer_norm_matches_reference_and_gradcheck(case, rmax, bias):
+    k = 1.3
+    norm, r, u = _gyro_norm_case(case, rmax, bias, k, origin=rmax == 0)
     p = PolarOps.make(r, u).requires_grad_(True)
     ref, got = norm(p, PolarOps(k)), norm(p, FusedPolarOps(k))
     space = lambda q: torch.sinh(q[..., :1] / math.sqrt(k)) * q[..., 1:]  # noqa: E731 - well defined at the origin
@@ -680,17 +688,8 @@ def test_fused_ambient_gyro_layer_norm_matches_the_reference_and_gradcheck(case,
     (a token at the origin, aligned directions, identical tokens; the bias point at the origin, near it, beyond):
     the same formulas in the same order, so the output is the reference's bit for bit and every gradient agrees to
     1e-10 or to the reference's own resolution; gradcheck where finite differences are well conditioned."""
-    torch.manual_seed(1)
     k = 1.3
-    norm = GyroLayerNorm(5, k, 1e-6).double()
-    with torch.no_grad():
-        norm.log_gain.fill_(0.3)
-        norm.bias_point.normal_(0.0, bias) if bias else None
-    r = radii(2, 6, rmax=rmax) if rmax > 0 else 0.05 * torch.rand(2, 6, dtype=F64)
-    r[0, 0] = 0.0  # a token at the origin
-    u = directions(2, 6, 5, case=case)
-    if case == "identical":  # every token at the centroid: the centred tokens are rounding noise or zero
-        r[:], u[:] = r[:, :1], u[:, :1]
+    norm, r, u = _gyro_norm_case(case, rmax, bias, k, origin=True)
     p = AmbientOps(k).make(r, u).requires_grad_(True)
     ref, got = norm(p, AmbientOps(k)), norm(p, FusedAmbientOps(k))
     assert torch.equal(got, ref)
