@@ -257,7 +257,8 @@ class PersistentKernel:
     of the same function, the same source code of this package and the same torch (:meth:`_load_matching`: those
     of the call's :func:`argument_kinds` first, the most recently used first within each), until one does (no
     tracing, no compile; only the variants a process's calls need); if none does, it compiles a
-    new one from the arguments (``dynamic=True``: any sizes of the same kind) and saves it.  Where a function
+    new one from the arguments (``dynamic=True``: any sizes of the same kind but the tensors' last,
+    :func:`static_last_sizes`) and saves it.  Where a function
     cannot be compiled ahead of time (or the cache is off) it runs through ``torch.compile`` as usual (inductor's
     own caches then apply).
     """
@@ -413,14 +414,34 @@ def _install_module_aliases(f_globals: dict[str, Any]) -> None:
             f_globals.setdefault(f"__import_{name.replace('.', '_dot_')}", module)
 
 
+def static_last_sizes(value: Any) -> Any:
+    """``value`` with every tensor of rank 2 or more replaced by an alias (``detach``: the caller's tensor is left
+    unmarked) whose last size the compiler takes as a constant (``torch._dynamo.mark_static``), inside (named)
+    tuples too.
+
+    The last size of a kernel's tensors is the model's (the coordinates ``d``, the keys ``M``, the heads), never the
+    batch's; a constant there lets inductor unroll and vectorise its innermost loops without remainder code.  The
+    sizes before it (batch, tokens, groups of slices) stay symbolic: one variant serves every batch size."""
+    if isinstance(value, Tensor):
+        if value.dim() < 2:
+            return value
+        alias = value.detach()
+        torch._dynamo.mark_static(alias, value.dim() - 1)
+        return alias
+    if isinstance(value, tuple):
+        items = [static_last_sizes(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
 def _aot_compile(fn: Callable, args: tuple) -> Any:
     """``torch.compile(fn, dynamic=True, fullgraph=True)`` ahead of time for arguments like ``args``, without duck
-    sizing (sizes equal in ``args`` need not stay equal)."""
+    sizing (sizes equal in ``args`` need not stay equal), their last sizes constant (:func:`static_last_sizes`)."""
     with torch.fx.experimental._config.patch(use_duck_shape=False), warnings.catch_warnings():  # type: ignore[attr-defined]
         # (the guards read ``.grad`` of non-leaf arguments, which warns)
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
         compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=kernel_options(fn))
-        return compiled.aot_compile((args, {}))  # type: ignore[attr-defined]
+        return compiled.aot_compile((static_last_sizes(args), {}))  # type: ignore[attr-defined]
 
 
 def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str]) -> Any | None:

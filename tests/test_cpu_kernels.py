@@ -562,3 +562,27 @@ def test_gyro_layer_norm_kernel_computes_only_the_bias_form_in_use(bias_scale):
         out, near_bias, far_bias = torch.compile(forms, fullgraph=True, dynamic=True)(near_origin)
         assert (near_bias is not None, far_bias is not None) == (expect_near, expect_far)
         torch.testing.assert_close(out, eager, rtol=2e-6, atol=2e-6)
+
+
+def test_a_variant_takes_the_last_sizes_as_constants_and_serves_any_other_sizes(kernels_on, tmp_path, monkeypatch):
+    """Variants are compiled with each tensor's last size constant (the model's: coordinates, keys, heads) and the
+    sizes before it symbolic (batch, tokens): other batch and token counts reuse a variant, another last size
+    compiles its own; the caller's tensors are left unmarked."""
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
+
+    def scaled_rows(x, scale):
+        return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True) * scale
+
+    kernel = cpu_kernels.PersistentKernel(scaled_rows)
+    scale = torch.tensor(2.0)
+    with torch.no_grad():
+        for shape in ((5, 3, 16), (9, 7, 16), (4, 2, 16), (3, 5, 24)):
+            x = torch.randn(shape)
+            assert torch.allclose(kernel(x, scale), scaled_rows(x, scale), rtol=1e-6, atol=1e-6)
+            assert not hasattr(x, "_dynamo_static_indices")
+    assert kernel.compiles == 2  # one for the rows of 16 coordinates, whatever the sizes before them; one for 24
+    y = torch.randn(4, 6)
+    record = cpu_kernels.static_last_sizes((scale, (y, None), 1.0))
+    assert record[0] is scale and record[1][1] is None and record[2] == 1.0  # rank < 2 and the rest: as they are
+    assert record[1][0] is not y and record[1][0].data_ptr() == y.data_ptr()  # an alias of the same storage
+    assert record[1][0]._dynamo_static_indices == {1} and not hasattr(y, "_dynamo_static_indices")
