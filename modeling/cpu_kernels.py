@@ -54,6 +54,7 @@ __all__ = [
     "kernel_cache_dir",
     "leading_columns",
     "LeadingColumnsFunction",
+    "map_tensors",
     "opaque_to_torch_compile",
     "rebuild_record",
     "recomputed",
@@ -66,6 +67,7 @@ __all__ = [
     "saved_with_record",
     "saved_tensor_hooks_active",
     "set_cpu_kernels",
+    "static_last_sizes",
     "sum_dims",
     "transforms_active",
     "use_kernels",
@@ -215,16 +217,21 @@ def kernel(fn: Callable) -> Callable:
     return run
 
 
-def _detached(value: Any) -> Any:
-    """``value`` with every tensor that requires grad detached, inside (named) tuples too; the others are passed as
-    they are (a kernel's arguments are mostly computed where autograd records nothing: detaching them too cost a
-    ``detach`` call each, thousands per training step)."""
+def map_tensors(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it, inside (named) tuples too; anything else as it is."""
     if isinstance(value, Tensor):
-        return value.detach() if value.requires_grad else value
+        return fn(value)
     if isinstance(value, tuple):
-        items = [_detached(item) for item in value]
+        items = [map_tensors(item, fn) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     return value
+
+
+def _detached(value: Any) -> Any:
+    """``value`` with every tensor that requires grad detached (:func:`map_tensors`); the others are passed as
+    they are (a kernel's arguments are mostly computed where autograd records nothing: detaching them too cost a
+    ``detach`` call each, thousands per training step)."""
+    return map_tensors(value, lambda t: t.detach() if t.requires_grad else t)
 
 
 def sum_dims(x: Tensor, keep: int = 0) -> Tensor:
@@ -417,21 +424,21 @@ def _install_module_aliases(f_globals: dict[str, Any]) -> None:
 def static_last_sizes(value: Any) -> Any:
     """``value`` with every tensor of rank 2 or more replaced by an alias (``detach``: the caller's tensor is left
     unmarked) whose last size the compiler takes as a constant (``torch._dynamo.mark_static``), inside (named)
-    tuples too.
+    tuples too (:func:`map_tensors`).
 
     The last size of a kernel's tensors is the model's (the coordinates ``d``, the keys ``M``, the heads), never the
     batch's; a constant there lets inductor unroll and vectorise its innermost loops without remainder code.  The
     sizes before it (batch, tokens, groups of slices) stay symbolic: one variant serves every batch size."""
-    if isinstance(value, Tensor):
-        if value.dim() < 2:
-            return value
-        alias = value.detach()
-        torch._dynamo.mark_static(alias, value.dim() - 1)
-        return alias
-    if isinstance(value, tuple):
-        items = [static_last_sizes(item) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    return value
+    return map_tensors(value, _static_last_size)
+
+
+def _static_last_size(t: Tensor) -> Tensor:
+    """``t`` itself below rank 2, else an alias of it with its last size marked static."""
+    if t.dim() < 2:
+        return t
+    alias = t.detach()
+    torch._dynamo.mark_static(alias, t.dim() - 1)
+    return alias
 
 
 def _aot_compile(fn: Callable, args: tuple) -> Any:
