@@ -231,7 +231,12 @@ def _detached(value: Any) -> Any:
     """``value`` with every tensor that requires grad detached (:func:`map_tensors`); the others are passed as
     they are (a kernel's arguments are mostly computed where autograd records nothing: detaching them too cost a
     ``detach`` call each, thousands per training step)."""
-    return map_tensors(value, lambda t: t.detach() if t.requires_grad else t)
+    return map_tensors(value, _detach_if_tracked)
+
+
+def _detach_if_tracked(t: Tensor) -> Tensor:
+    """``t`` detached if it requires grad, else ``t`` itself."""
+    return t.detach() if t.requires_grad else t
 
 
 def sum_dims(x: Tensor, keep: int = 0) -> Tensor:
@@ -265,9 +270,8 @@ class PersistentKernel:
     of the call's :func:`argument_kinds` first, the most recently used first within each), until one does (no
     tracing, no compile; only the variants a process's calls need); if none does, it compiles a
     new one from the arguments (``dynamic=True``: any sizes of the same kind but the tensors' last,
-    :func:`static_last_sizes`) and saves it.  Where a function
-    cannot be compiled ahead of time (or the cache is off) it runs through ``torch.compile`` as usual (inductor's
-    own caches then apply).
+    :func:`static_last_sizes`) and saves it.  Where a function cannot be compiled ahead of time (or the cache is
+    off) it runs through ``torch.compile`` as usual (inductor's own caches then apply).
     """
 
     def __init__(self, fn: Callable) -> None:
