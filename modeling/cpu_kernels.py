@@ -52,6 +52,7 @@ __all__ = [
     "argument_kinds",
     "kernel",
     "kernel_cache_dir",
+    "kernel_threads",
     "leading_columns",
     "LeadingColumnsFunction",
     "map_tensors",
@@ -197,9 +198,11 @@ def kernel(fn: Callable) -> Callable:
     ``fn`` runs on detached arguments (records of tensors included): a kernel is called where autograd records
     nothing (an autograd Function's forward or backward), and its guards then see the same arguments in training
     and in inference.  The compiled variants persist across processes (:class:`PersistentKernel`): a new process
-    loads them from :func:`kernel_cache_dir` instead of tracing ``fn`` again."""
-    if fn not in _COMPILED:
-        _COMPILED[fn] = PersistentKernel(fn)
+    loads them from :func:`kernel_cache_dir` instead of tracing ``fn`` again; a variant serves only the thread
+    count it was compiled for (:func:`kernel_threads`)."""
+    compiled = _COMPILED.get(fn)
+    if compiled is None or (isinstance(compiled, PersistentKernel) and compiled.threads != kernel_threads()):
+        _COMPILED[fn] = PersistentKernel(fn)  # first call, or the thread count changed: that count's variants
 
     def run(*args: Any) -> Any:
         if _COMPILED[fn] is not fn:
@@ -250,6 +253,19 @@ def sum_dims(x: Tensor, keep: int = 0) -> Tensor:
     return x
 
 
+def kernel_threads() -> int:
+    """The thread count inductor compiles a C++ kernel for now, and writes into it (``#pragma omp parallel
+    num_threads(n)``, one partial sum per thread; one thread: no parallel loop at all): a variant runs that many
+    threads in any process, so it serves only processes that run as many (``torch.set_num_threads``,
+    ``OMP_NUM_THREADS``).  ``torch._inductor.config.cpp.threads`` where set, else ``torch.get_num_threads()``; 0 where
+    inductor reads the count when the kernel runs (``TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1``)."""
+    from torch._inductor import config
+
+    if config.cpp.dynamic_threads:
+        return 0
+    return config.cpp.threads if config.cpp.threads >= 1 else torch.get_num_threads()
+
+
 def kernel_cache_dir() -> Path | None:
     """Where compiled kernels are kept between processes: ``$POLAR_VIT_KERNEL_CACHE`` (empty or ``0``: nowhere),
     else ``~/.cache/polar_vit_hf/kernels``; one subfolder per torch version, CPU capability and Python version."""
@@ -266,7 +282,8 @@ class PersistentKernel:
     are ``None``, shape relations).
 
     A call runs the first loaded variant whose guards accept the arguments; if none does, it loads saved variants
-    of the same function, the same source code of this package and the same torch (:meth:`_load_matching`: those
+    of the same function, the same source code of this package, the same torch and the same thread count
+    (:attr:`threads`, :func:`kernel_threads`: inductor's guards do not check it) (:meth:`_load_matching`: those
     of the call's :func:`argument_kinds` first, the most recently used first within each), until one does (no
     tracing, no compile; only the variants a process's calls need); if none does, it compiles a
     new one from the arguments (``dynamic=True``: any sizes of the same kind but the tensors' last,
@@ -276,7 +293,8 @@ class PersistentKernel:
 
     def __init__(self, fn: Callable) -> None:
         self.fn = fn
-        self.folder = _variants_folder(fn)
+        self.threads = kernel_threads()  # the thread count its variants are compiled for and loaded at
+        self.folder = _variants_folder(fn, self.threads)
         self.variants: list[Any] = []
         self.loaded: set[str] = set()  # the files of the folder already loaded (or unreadable)
         self.jit: Callable | None = None
@@ -348,12 +366,14 @@ def _source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def _variants_folder(fn: Callable) -> Path | None:
+def _variants_folder(fn: Callable, threads: int) -> Path | None:
+    """The folder of ``fn``'s variants compiled for ``threads`` threads (:func:`kernel_threads`) from this source
+    with its inductor options; ``None`` where the cache is off or ``fn`` has no stable name."""
     root = kernel_cache_dir()
     name = _describe(fn)
     if root is None or name is None:
         return None
-    key = hashlib.sha256(f"{_source_digest()}|{name}|{kernel_options(fn)}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{_source_digest()}|{name}|{kernel_options(fn)}|{threads}".encode()).hexdigest()[:24]
     return root / key
 
 

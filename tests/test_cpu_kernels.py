@@ -9,6 +9,10 @@ compiled, and that small tensors, float64 and compiler failures stay eager.
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import directions, make_inputs, radii
@@ -26,6 +30,11 @@ from polar_vit_hf.modeling.runtime import runtime_options, use_runtime_options
 pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
 
 F64 = torch.float64
+
+
+def model_kernels(arithmetic: str) -> pytest.MarkDecorator:
+    """The ``xdist_group`` of the tests that share :func:`first_process`'s compile of a whole model's kernels."""
+    return pytest.mark.xdist_group(f"{arithmetic}-model-kernels")
 
 
 def really_compiled(*functions) -> bool:
@@ -269,10 +278,18 @@ def compiles() -> int:
     return sum(k.compiles for k in kernels if isinstance(k, cpu_kernels.PersistentKernel))
 
 
-@pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
+@pytest.mark.parametrize(
+    "arithmetic",
+    [pytest.param(arithmetic, marks=model_kernels(arithmetic)) for arithmetic in ("polar", "ambient")],
+)
 def test_training_step_with_kernels_matches_eager_and_inference_reuses_its_kernels(
-    kernels_on, arithmetic, traced_kernels
+    kernels_on, arithmetic, traced_kernels, first_process, tmp_path, monkeypatch, one_thread
 ):
+    """A training step with the kernels against the same step eagerly; other batch sizes, ``torch.compile(model)``,
+    evaluation and ``inference_mode`` then run the kernels training used.  The variants load from a copy of the
+    cache of :func:`first_process` (one thread, like it): the tests of a whole model's kernels compile them once."""
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(copied_cache(first_process(arithmetic)[0], tmp_path)))
+    cpu_kernels.clear_compiled()
     torch.manual_seed(0)
     config = P.PolarViTConfig.from_preset(
         "tiny-cifar", num_labels=10, num_hidden_layers=2, drop_path_rate=0.0, arithmetic=arithmetic
@@ -363,9 +380,12 @@ model = P.PolarViTForImageClassification(config).train()
 start = time.perf_counter()
 loss = model(pixel_values=torch.randn(2, 3, 32, 32), labels=torch.tensor([1, 7])).loss
 loss.backward()
+seconds = time.perf_counter() - start
+with torch.inference_mode():  # inference tensors: variants of their own
+    model.eval()(pixel_values=torch.randn(2, 3, 32, 32))
 kernels = [k for k in cpu_kernels.compiled_functions().values() if isinstance(k, cpu_kernels.PersistentKernel)]
 print(json.dumps({
-    "seconds": time.perf_counter() - start,
+    "seconds": seconds,
     "kernels": len(kernels),
     "compiles": sum(k.compiles for k in kernels),
     "jit": sum(k.jit is not None for k in kernels),
@@ -389,8 +409,42 @@ def train_one_step(cache, arithmetic: str = "polar") -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_compiled_kernels_persist_across_processes_and_a_corrupt_file_is_compiled_again(tmp_path):
-    first = train_one_step(tmp_path)
+@pytest.fixture(scope="module")
+def first_process(tmp_path_factory) -> Callable[[str], tuple[Path, dict]]:
+    """``first_process(arithmetic)``: a tiny-cifar model's training step and ``inference_mode`` pass in a new
+    one-thread process with an empty kernel cache (:func:`train_one_step`), run once per worker and arithmetic:
+    the cache it compiled, which tests copy (:func:`copied_cache`) and never write to, and its report.  The tests
+    that use it are grouped per arithmetic (``xdist_group``, ``--dist loadgroup``), so one worker compiles it."""
+    runs: dict[str, tuple[Path, dict]] = {}
+
+    def run(arithmetic: str) -> tuple[Path, dict]:
+        if arithmetic not in runs:
+            cache = tmp_path_factory.mktemp(f"first-process-{arithmetic}")
+            runs[arithmetic] = (cache, train_one_step(cache, arithmetic))
+        return runs[arithmetic]
+
+    return run
+
+
+def copied_cache(cache: Path, into: Path) -> Path:
+    """A copy of the kernel cache ``cache`` in the folder ``into`` (returned)."""
+    shutil.copytree(cache, into, dirs_exist_ok=True)
+    return into
+
+
+@pytest.fixture
+def one_thread():
+    """The test runs one thread, as :func:`train_one_step`'s processes (a variant serves its own thread count)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@model_kernels("polar")
+def test_compiled_kernels_persist_across_processes_and_a_corrupt_file_is_compiled_again(first_process, tmp_path):
+    first = first_process("polar")[1]
+    copied_cache(first_process("polar")[0], tmp_path)
     assert first["kernels"] > 5 and first["compiles"] >= first["kernels"] and first["jit"] == 0
     saved = sorted(tmp_path.rglob("*.bin"))
     assert len(saved) == first["compiles"]
@@ -404,10 +458,12 @@ def test_compiled_kernels_persist_across_processes_and_a_corrupt_file_is_compile
     assert len(list(tmp_path.rglob("*.bin"))) == len(saved) and not saved[0].exists()
 
 
-def test_the_ambient_twins_kernels_persist_across_processes(tmp_path):
+@model_kernels("ambient")
+def test_the_ambient_twins_kernels_persist_across_processes(first_process, tmp_path):
     """Every kernel of the ambient twin's fused layers compiles ahead of time (the position encoding's only after
     the restart that ``torch.compile`` does itself) and a new process loads them all."""
-    first = train_one_step(tmp_path, "ambient")
+    cache, first = first_process("ambient")
+    copied_cache(cache, tmp_path)
     assert first["kernels"] >= 5 and first["jit"] == 0
     second = train_one_step(tmp_path, "ambient")
     assert second["compiles"] == 0 and second["jit"] == 0 and second["grads"] == first["grads"]
@@ -505,8 +561,9 @@ def test_a_call_loads_the_variants_traced_with_its_sizes_of_one_first(kernels_on
 
 def test_kernel_cache_keys_name_the_function_and_its_bound_constants(monkeypatch, tmp_path):
     monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
-    folder = cpu_kernels._variants_folder
+    folder = lambda fn, threads=2: cpu_kernels._variants_folder(fn, threads)  # noqa: E731
     assert folder(FL._boost_residual_forward) == folder(FL._boost_residual_forward)
+    assert folder(FL._boost_residual_forward, 1) != folder(FL._boost_residual_forward)  # another thread count
     assert folder(FL._boost_residual_forward) != folder(FL._boost_residual_gradients)
     one = cpu_kernels.bound(FL._boost_residual_forward, (1.0,))
     assert folder(one) != folder(cpu_kernels.bound(FL._boost_residual_forward, (2.0,)))
@@ -531,9 +588,9 @@ def test_inductor_options_reach_the_compile_and_the_cache_key(kernels_on, monkey
     def double_sum(x):
         return (2.0 * x).sum(-1)
 
-    plain = cpu_kernels._variants_folder(double_sum)
+    plain = cpu_kernels._variants_folder(double_sum, 1)
     marked = cpu_kernels.inductor_options(realize_reads_threshold=1)(double_sum)
-    assert cpu_kernels._variants_folder(marked) != plain
+    assert cpu_kernels._variants_folder(marked, 1) != plain
     seen = []
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw.get("options")) or real(fn, **kw))
@@ -586,3 +643,33 @@ def test_a_variant_takes_the_last_sizes_as_constants_and_serves_any_other_sizes(
     assert record[0] is scale and record[1][1] is None and record[2] == 1.0  # rank < 2 and the rest: as they are
     assert record[1][0] is not y and record[1][0].data_ptr() == y.data_ptr()  # an alias of the same storage
     assert record[1][0]._dynamo_static_indices == {1} and not hasattr(y, "_dynamo_static_indices")
+
+
+def exp_row_sums(x: torch.Tensor) -> torch.Tensor:
+    """A kernel for the thread-count test (module level: its variants have a stable name on disk)."""
+    return (x.exp() * 2.0).sum(-1)
+
+
+def test_variants_are_compiled_and_kept_per_thread_count(kernels_on, tmp_path, monkeypatch):
+    """Inductor writes the thread count into a C++ kernel (one thread: no parallel loop; ``n``: ``n`` threads on any
+    machine), and its guards do not check it: a call at another thread count compiles (or loads) that count's
+    variant, in this process and in a new one, never the other's."""
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels.clear_compiled()
+    threads, x, seen = torch.get_num_threads(), torch.randn(4, 16), []
+    try:
+        for count in (1, 2, 1):
+            torch.set_num_threads(count)
+            assert cpu_kernels.kernel_threads() == count
+            assert torch.allclose(cpu_kernels.kernel(exp_row_sums)(x), exp_row_sums(x), rtol=1e-6)
+            kernel = cpu_kernels.compiled_functions()[exp_row_sums]
+            seen.append((kernel.threads, kernel.compiles, kernel.loads))
+    finally:
+        torch.set_num_threads(threads)
+        cpu_kernels.clear_compiled()
+    assert seen == [(1, 1, 0), (2, 1, 0), (1, 0, 1)]  # the second call at one thread loads the first's variant
+    assert len({path.parent for path in tmp_path.rglob("*.bin")}) == 2
+    monkeypatch.setattr(torch._inductor.config.cpp, "threads", 3)  # inductor's own setting wins where set
+    assert cpu_kernels.kernel_threads() == 3
+    monkeypatch.setattr(torch._inductor.config.cpp, "dynamic_threads", True)  # read when the kernel runs
+    assert cpu_kernels.kernel_threads() == 0
