@@ -669,7 +669,8 @@ def test_variants_are_compiled_and_kept_per_thread_count(kernels_on, tmp_path, m
         cpu_kernels.clear_compiled()
     assert seen == [(1, 1, 0), (2, 1, 0), (1, 0, 1)]  # the second call at one thread loads the first's variant
     assert len({path.parent for path in tmp_path.rglob("*.bin")}) == 2
-    monkeypatch.setattr(torch._inductor.config.cpp, "threads", 3)  # inductor's own setting wins where set
-    assert cpu_kernels.kernel_threads() == 3
-    monkeypatch.setattr(torch._inductor.config.cpp, "dynamic_threads", True)  # read when the kernel runs
-    assert cpu_kernels.kernel_threads() == 0
+    with torch._inductor.config.patch({"cpp.threads": 3}):  # inductor's own setting wins where set
+        assert cpu_kernels.kernel_threads() == 3
+    with torch._inductor.config.patch({"cpp.dynamic_threads": True}):  # read when the kernel runs
+        assert cpu_kernels.kernel_threads() == 0
+    assert cpu_kernels.kernel_threads() == threads
