@@ -409,19 +409,26 @@ def train_one_step(cache, arithmetic: str = "polar") -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def first_process(tmp_path_factory) -> Callable[[str], tuple[Path, dict]]:
+@pytest.fixture(scope="session")
+def first_process(tmp_path_factory, worker_id) -> Callable[[str], tuple[Path, dict]]:
     """``first_process(arithmetic)``: a tiny-cifar model's training step and ``inference_mode`` pass in a new
-    one-thread process with an empty kernel cache (:func:`train_one_step`), run once per worker and arithmetic:
-    the cache it compiled, which tests copy (:func:`copied_cache`) and never write to, and its report.  The tests
-    that use it are grouped per arithmetic (``xdist_group``, ``--dist loadgroup``), so one worker compiles it."""
-    runs: dict[str, tuple[Path, dict]] = {}
+    one-thread process with an empty kernel cache (:func:`train_one_step`), run once per test session and
+    arithmetic: the cache it compiled, which tests copy (:func:`copied_cache`) and never write to, and its report.
+    The first worker to need it compiles it under a file lock in the workers' shared temporary folder; the others
+    wait for it (the tests that use it are also grouped per arithmetic, ``xdist_group`` with ``--dist loadgroup``,
+    which xdist honours most of the time)."""
+    import json
+
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
 
     def run(arithmetic: str) -> tuple[Path, dict]:
-        if arithmetic not in runs:
-            cache = tmp_path_factory.mktemp(f"first-process-{arithmetic}")
-            runs[arithmetic] = (cache, train_one_step(cache, arithmetic))
-        return runs[arithmetic]
+        cache, report = shared / f"first-process-{arithmetic}", shared / f"first-process-{arithmetic}.json"
+        with FileLock(str(report) + ".lock"):
+            if not report.is_file():
+                report.write_text(json.dumps(train_one_step(cache, arithmetic)))
+        return cache, json.loads(report.read_text())
 
     return run
 
