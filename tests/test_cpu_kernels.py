@@ -450,8 +450,8 @@ def one_thread():
 
 @model_kernels("polar")
 def test_compiled_kernels_persist_across_processes_and_a_corrupt_file_is_compiled_again(first_process, tmp_path):
-    first = first_process("polar")[1]
-    copied_cache(first_process("polar")[0], tmp_path)
+    cache, first = first_process("polar")
+    copied_cache(cache, tmp_path)
     assert first["kernels"] > 5 and first["compiles"] >= first["kernels"] and first["jit"] == 0
     saved = sorted(tmp_path.rglob("*.bin"))
     assert len(saved) == first["compiles"]
