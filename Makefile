@@ -44,10 +44,10 @@ docs: install
 	$(PY) -m mkdocs build --strict --quiet
 
 test-fast: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" --durations=10
+	$(PY) -m pytest -q -n 2 -m "not slow" --durations=10
 
 test: lint docs
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
+	$(PY) -m pytest -q -n 2 --durations=15
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .hypothesis .mypy_cache

@@ -21,8 +21,14 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # the compiled CPU kernels of the fused layers (inductor, a compile per process and kernel) stay off in the suite,
 # where every test and subprocess trains for a few steps; tests/test_cpu_kernels.py turns them on and checks them
 os.environ.setdefault("POLAR_VIT_CPU_KERNELS", "0")
-# compiled kernels the tests make are kept for this test run only, not in the user's cache
-os.environ.setdefault("POLAR_VIT_KERNEL_CACHE", tempfile.mkdtemp(prefix="polar-vit-kernels-"))
+# compiled kernels the tests make are kept for this test run only, not in the user's cache; the xdist workers of a
+# run share them (one folder named for the run: a kernel one worker compiled, the others load; files are written
+# atomically); tests that count compiles use a cache of their own
+_run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+_kernels = os.path.join(tempfile.gettempdir(), f"polar-vit-kernels-{_run}") if _run else None
+if _kernels:
+    os.makedirs(_kernels, exist_ok=True)
+os.environ.setdefault("POLAR_VIT_KERNEL_CACHE", _kernels or tempfile.mkdtemp(prefix="polar-vit-kernels-"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
