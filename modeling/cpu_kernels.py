@@ -2,9 +2,11 @@
 
 In float32 on the CPU, a fused layer can run its pure-tensor core (a function of tensors that returns tensors)
 through :func:`kernel`: ``torch.compile(dynamic=True, fullgraph=True)`` turns its chain of elementwise passes into
-a few fused C++ loops.  :func:`use_kernels` decides per call from the :class:`runtime.RuntimeOptions` (the
+a few fused C++ loops.  :func:`kernel_use` decides per call from the :class:`runtime.RuntimeOptions` (the
 ``cpu_kernels`` switch and the ``kernel_min_elements`` size) and the tensors; float64, GPUs and code already
-inside ``torch.compile`` run the same function eagerly, and so do small tensors.
+inside ``torch.compile`` run the same function eagerly, and so do small tensors, except in a model's
+gradient-free passes (``kernels_at_hand``), where a small call runs a variant already compiled for its kind of
+arguments (:func:`kernel_use`; single images after :meth:`PolarViTPreTrainedModel.compile_cpu_kernels`).
 Training and inference (``eval`` under ``no_grad``) call the same kernels: a kernel runs on detached arguments
 inside an autograd Function's forward or backward, so one compiled variant serves both.  A compiler failure (no
 C++ compiler) warns once and runs eager for the rest of the process.
@@ -21,6 +23,7 @@ This module is part of the remote code of exported checkpoints: it imports only 
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import os
@@ -53,6 +56,8 @@ __all__ = [
     "kernel",
     "kernel_cache_dir",
     "kernel_threads",
+    "kernel_use",
+    "KernelUse",
     "leading_columns",
     "LeadingColumnsFunction",
     "map_tensors",
@@ -63,6 +68,7 @@ __all__ = [
     "record_leaves",
     "recompute_vjp",
     "recomputed_gradients",
+    "run_at_hand",
     "run_maybe_compiled",
     "save_with_record",
     "saved_with_record",
@@ -86,6 +92,7 @@ OPAQUE_REASON = (
 )
 
 _COMPILED: dict[Callable, Callable] = {}  # function -> its compiled kernel (or itself after a compiler failure)
+_NOTHING_AT_HAND: set[tuple] = set()  # (function, size, inference, threads) of calls with no variant at hand
 
 
 def set_cpu_kernels(enabled: bool) -> None:
@@ -129,21 +136,36 @@ def first_order(backward: Callable) -> Callable:
     return wrapper
 
 
-def use_kernels(like: Tensor, elements: int | None = None) -> bool:
-    """Compiled kernels for a call: float32 on the CPU, at least ``kernel_min_elements`` elements in the call's
-    largest tensors (``like``, or ``elements`` where those are temporaries, as the attention's pairs), not inside
-    ``torch.compile``, and no saved-tensor hooks in force (their packing runs in Python, between eager
-    operations)."""
+class KernelUse(enum.Enum):
+    """How a call uses its compiled kernel (:func:`kernel_use`; ``None``: not at all, eagerly)."""
+
+    COMPILE = "compile"  # a variant that serves the call, loaded or compiled
+    AT_HAND = "at hand"  # a variant already loaded, or saved for the call's kind of arguments; never a compile
+
+
+def kernel_use(like: Tensor, elements: int | None = None) -> KernelUse | None:
+    """How a call uses compiled kernels: float32 on the CPU, not inside ``torch.compile`` and no saved-tensor
+    hooks in force (their packing runs in Python, between eager operations); then :attr:`KernelUse.COMPILE` from
+    ``kernel_min_elements`` elements in the call's largest tensors (``like``, or ``elements`` where those are
+    temporaries, as the attention's pairs), below it :attr:`KernelUse.AT_HAND` where ``kernels_at_hand`` is on
+    (a model's gradient-free passes), else ``None`` (eager: a compile would cost more than the call saves)."""
     options = runtime_options()
-    size = like.numel() if elements is None else elements
-    return (
+    if not (
         options.cpu_kernels
         and like.device.type == "cpu"
         and like.dtype == torch.float32
-        and size >= options.kernel_min_elements
         and not torch.compiler.is_compiling()
         and not saved_tensor_hooks_active()
-    )
+    ):
+        return None
+    if (like.numel() if elements is None else elements) >= options.kernel_min_elements:
+        return KernelUse.COMPILE
+    return KernelUse.AT_HAND if options.kernels_at_hand else None
+
+
+def use_kernels(like: Tensor, elements: int | None = None) -> bool:
+    """A call compiles and runs its kernel (:func:`kernel_use` is :attr:`KernelUse.COMPILE`)."""
+    return kernel_use(like, elements) is KernelUse.COMPILE
 
 
 def opaque_to_torch_compile(entry: Callable) -> Callable:
@@ -200,24 +222,56 @@ def kernel(fn: Callable) -> Callable:
     and in inference.  The compiled variants persist across processes (:class:`PersistentKernel`): a new process
     loads them from :func:`kernel_cache_dir` instead of tracing ``fn`` again; a variant serves only the thread
     count it was compiled for (:func:`kernel_threads`)."""
-    compiled = _COMPILED.get(fn)
-    if compiled is None or (isinstance(compiled, PersistentKernel) and compiled.threads != kernel_threads()):
-        _COMPILED[fn] = PersistentKernel(fn)  # first call, or the thread count changed: that count's variants
+    compiled = _persistent_kernel(fn)
 
     def run(*args: Any) -> Any:
-        if _COMPILED[fn] is not fn:
+        if isinstance(compiled, PersistentKernel) and _COMPILED[fn] is compiled:
             try:
-                return _COMPILED[fn](*_detached(args))
+                return compiled(*_detached(args))
             except Exception as error:  # noqa: BLE001 - a compiler failure falls back to the same formulas
-                warnings.warn(
-                    f"polar_vit_hf: compiled CPU kernels unavailable ({type(error).__name__}: "
-                    f"{str(error)[:200]}); running eager",
-                    stacklevel=2,
-                )
-                _COMPILED[fn] = fn
+                _fall_back(fn, error)
         return fn(*args)
 
     return run
+
+
+def run_at_hand(fn: Callable, like: Tensor, *args: Any) -> Any:
+    """``fn(*args)`` through a compiled variant at hand (:meth:`PersistentKernel.at_hand`: loaded, or saved for the
+    call's kind of arguments; never compiled here), else eagerly.  A miss is remembered per function, size of
+    ``like`` and thread count until a variant is compiled (:func:`kernel_use`'s :attr:`KernelUse.AT_HAND`: a
+    small call then costs one set lookup)."""
+    key = (fn, like.shape, like.is_inference(), torch.get_num_threads())
+    if key in _NOTHING_AT_HAND:
+        return fn(*args)
+    compiled = _persistent_kernel(fn)
+    if isinstance(compiled, PersistentKernel):
+        try:
+            detached = _detached(args)
+            variant = compiled.at_hand(detached)
+            if variant is not None:
+                return variant.fn(*detached)
+        except Exception as error:  # noqa: BLE001 - an unusable variant falls back to the same formulas
+            _fall_back(fn, error)
+    _NOTHING_AT_HAND.add(key)
+    return fn(*args)
+
+
+def _persistent_kernel(fn: Callable) -> Callable:
+    """``fn``'s :class:`PersistentKernel` (made at its first call, and again when the thread count changed: that
+    count's variants), or ``fn`` itself after a compiler failure."""
+    compiled = _COMPILED.get(fn)
+    if compiled is None or (isinstance(compiled, PersistentKernel) and compiled.threads != kernel_threads()):
+        compiled = _COMPILED[fn] = PersistentKernel(fn)
+    return compiled
+
+
+def _fall_back(fn: Callable, error: Exception) -> None:
+    """Warn that ``fn``'s compiled kernel failed and run it eagerly from now on."""
+    warnings.warn(
+        f"polar_vit_hf: compiled CPU kernels unavailable ({type(error).__name__}: {str(error)[:200]}); running eager",
+        stacklevel=3,
+    )
+    _COMPILED[fn] = fn
 
 
 def map_tensors(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
@@ -312,20 +366,33 @@ class PersistentKernel:
                     if variant is not None:
                         self.variants.append(variant)
                         self.compiles += 1
+                        _NOTHING_AT_HAND.clear()  # a call that missed may find this variant
             if variant is None and self.jit is None:
                 self.jit = torch.compile(self.fn, dynamic=True, fullgraph=True, options=kernel_options(self.fn))
         return variant.fn(*args) if variant is not None else self.jit(*args)  # type: ignore[misc]
 
-    def _load_matching(self, args: tuple) -> Any | None:
+    def at_hand(self, args: tuple) -> Any | None:
+        """A variant that accepts ``args`` without compiling one: a loaded one, else one saved for the call's
+        :func:`argument_kinds` (loaded now); ``None`` if none does."""
+        with self.lock:
+            variant = self._matching(args)
+            if variant is None and self.folder is not None:
+                variant = self._load_matching(args, same_kinds_only=True)
+            return variant
+
+    def _load_matching(self, args: tuple, same_kinds_only: bool = False) -> Any | None:
         """Load the saved variants not yet loaded, those compiled for the same :func:`argument_kinds` first, each
         group the most recently used first, until one accepts ``args`` (marked used: the next process tries it
         first); ``None`` if none does.  A process loads the variants its calls need, not every one the folder
-        gathered (each costs tens of milliseconds)."""
+        gathered (each costs tens of milliseconds); ``same_kinds_only``: only those of the call's kinds."""
         assert self.folder is not None
         f_globals = getattr(self.fn, "__globals__", None)
         if f_globals is not None:
             _install_module_aliases(f_globals)
-        for path in _unloaded_files(self.folder, self.loaded, argument_kinds(args)):
+        kinds = argument_kinds(args)
+        for path in _unloaded_files(self.folder, self.loaded, kinds):
+            if same_kinds_only and not path.name.startswith(f"{kinds}-"):
+                break  # (the call's kinds come first)
             variant = _load_variant(path, f_globals, self.loaded)
             if variant is None:
                 continue
@@ -505,11 +572,18 @@ def compiled_functions() -> dict[Callable, Callable]:
 def clear_compiled() -> None:
     """Forget the compiled kernels (the next training call compiles again, from inductor's cache)."""
     _COMPILED.clear()
+    _NOTHING_AT_HAND.clear()
 
 
 def run_maybe_compiled(fn: Callable, like: Tensor, *args: Any, elements: int | None = None) -> Any:
-    """``fn(*args)``, through :func:`kernel` where :func:`use_kernels` says so."""
-    return kernel(fn)(*args) if use_kernels(like, elements) else fn(*args)
+    """``fn(*args)``, through :func:`kernel` where :func:`kernel_use` says so."""
+    use = kernel_use(like, elements)
+    return _through_kernel(use, fn, like, *args) if use is not None else fn(*args)
+
+
+def _through_kernel(use: KernelUse, fn: Callable, like: Tensor, *args: Any) -> Any:
+    """``fn(*args)`` through its compiled kernel as ``use`` says (:func:`kernel` or :func:`run_at_hand`)."""
+    return run_at_hand(fn, like, *args) if use is KernelUse.AT_HAND else kernel(fn)(*args)
 
 
 def recompute_vjp(fn: Callable, primals: tuple[Tensor, ...], cotangents: Any) -> tuple[Any, tuple]:
@@ -537,7 +611,7 @@ def recompute_vjp(fn: Callable, primals: tuple[Tensor, ...], cotangents: Any) ->
 class RecomputedFunction(torch.autograd.Function):
     """``fn(*tensors, *constants)``, a pure function of its tensors with one output, saving only its inputs:
     forward runs it, backward recomputes it and differentiates it (:func:`recompute_vjp`); each a compiled kernel
-    in float32 on the CPU (:func:`use_kernels`), so neither keeps an autograd graph of its intermediates."""
+    in float32 on the CPU (:func:`kernel_use`), so neither keeps an autograd graph of its intermediates."""
 
     @staticmethod
     def forward(ctx: Any, fn: Callable, constants: tuple, *tensors: Tensor) -> Tensor:  # noqa: D102
@@ -576,10 +650,11 @@ class LeadingColumnsFunction(torch.autograd.Function):
 
 
 def _recomputed_forward(fn: Callable, constants: tuple, tensors: tuple, size: int | None = None) -> Tensor:
-    """``fn(*tensors, *constants)``, a compiled kernel where :func:`use_kernels` says so for the first tensor (or a
+    """``fn(*tensors, *constants)``, a compiled kernel where :func:`kernel_use` says so for the first tensor (or a
     call of ``size`` elements)."""
-    if use_kernels(tensors[0], size):  # (the cached binding is not traced inside torch.compile)
-        return kernel(bound(fn, constants))(*tensors)
+    use = kernel_use(tensors[0], size)
+    if use is not None:  # (the cached binding is not traced inside torch.compile)
+        return _through_kernel(use, bound(fn, constants), tensors[0], *tensors)
     return fn(*tensors, *constants)
 
 
@@ -588,8 +663,9 @@ def _recomputed_backward(
 ) -> tuple:
     """The gradients of ``fn(*tensors, *constants)`` for the cotangent ``grad`` (:func:`recomputed_gradients`), a
     compiled kernel as :func:`_recomputed_forward`."""
-    if use_kernels(tensors[0], size):
-        return kernel(_vjp(fn, constants))(grad, *tensors)
+    use = kernel_use(tensors[0], size)
+    if use is not None:
+        return _through_kernel(use, _vjp(fn, constants), tensors[0], grad, *tensors)
     return recomputed_gradients(fn, constants, grad, tensors)
 
 

@@ -71,7 +71,7 @@ from .layers_polar_vit import (  # the embeddings' building blocks, re-exported 
     sincos_positions,
 )
 from .manifold_ops import ManifoldOps, PolarOps, make_ops, product_dtype
-from .runtime import use_runtime_options
+from .runtime import runtime_options, use_runtime_options
 from .validation import check_pixel_values
 
 
@@ -430,6 +430,39 @@ class PolarViTPreTrainedModel(PreTrainedModel):
         """Names of the parameters that are points of the manifold (stored as space coordinates)."""
         return [name for name, role in parameter_roles(self).items() if role == MANIFOLD]
 
+    def compile_cpu_kernels(self, batch_sizes: tuple[int, ...] = (1,), inference_mode: bool = False) -> int:
+        """Compile (or load) the compiled CPU kernels of gradient-free passes at ``batch_sizes`` (``no_grad``, as
+        pipelines and ``Trainer.evaluate`` run; also ``inference_mode`` when asked); returns the variants compiled.
+
+        Below ``kernel_min_elements`` (a single image) a pass runs eagerly unless a variant is at hand
+        (``runtime.RuntimeOptions.kernels_at_hand``): this compiles them, once per machine, torch, source and
+        thread count (minutes on a laptop); every later process loads them.  A no-op off float32 CPU models or
+        with the kernels off."""
+        from .cpu_kernels import PersistentKernel, compiled_functions
+
+        def compiled() -> int:
+            return sum(k.compiles for k in compiled_functions().values() if isinstance(k, PersistentKernel))
+
+        config = self.config
+        weight = next(self.parameters())
+        sample = (config.num_vertices,) if config.is_spherical else (config.image_size, config.image_size)
+        generator = torch.Generator().manual_seed(0)
+        before, training = compiled(), self.training
+        self.eval()
+        try:
+            with use_runtime_options(kernel_min_elements=0):
+                for batch in batch_sizes:
+                    pixels = torch.randn(batch, config.num_channels, *sample, generator=generator)
+                    pixels = pixels.to(device=weight.device, dtype=weight.dtype)
+                    with torch.no_grad():
+                        self(pixel_values=pixels)
+                    if inference_mode:
+                        with torch.inference_mode():
+                            self(pixel_values=pixels)
+        finally:
+            self.train(training)
+        return compiled() - before
+
 
 class PolarViTModel(PolarViTPreTrainedModel):
     """The bare Polar-ViT encoder: embeddings, ``L`` polar blocks, final gyro norm and readout point."""
@@ -496,7 +529,9 @@ class PolarViTModel(PolarViTPreTrainedModel):
         # off inside; inputs were checked once above, the geometry functions run without their per-call checks
         compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         unautocast = torch.autocast(device_type=pixel_values.device.type, enabled=False)
-        with unautocast, use_runtime_options(input_checks=False):
+        # a gradient-free pass (evaluation, pipelines) runs the compiled kernels at hand below kernel_min_elements
+        at_hand = runtime_options().kernels_at_hand or not torch.is_grad_enabled()
+        with unautocast, use_runtime_options(input_checks=False, kernels_at_hand=at_hand):
             hidden, positions, num_prefix = self.embeddings(
                 pixel_values.to(compute_dtype), ops, bool(interpolate_pos_encoding)
             )

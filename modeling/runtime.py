@@ -45,6 +45,10 @@ class RuntimeOptions:
             many tokens (:func:`attention.select_implementation`).
         input_checks: the public geometry functions scan CPU inputs for NaN/Inf; the model checks its input
             once at the edge and runs its layers without these scans.
+        kernels_at_hand: a call below ``kernel_min_elements`` runs a compiled variant already at hand (loaded, or
+            saved in the kernel cache for its kind of arguments) and never compiles one; the model turns it on for
+            its gradient-free passes (``no_grad``, ``inference_mode``: evaluation and pipelines, where a single
+            image stays below the size), whose variants ``model.compile_cpu_kernels()`` compiles once per machine.
     """
 
     cpu_kernels: bool = True
@@ -52,6 +56,7 @@ class RuntimeOptions:
     attention_group_elements: int = 1 << 19
     chunked_min_tokens: int = 1024
     input_checks: bool = True
+    kernels_at_hand: bool = False
 
     @classmethod
     def from_environment(cls) -> RuntimeOptions:

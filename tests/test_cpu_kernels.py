@@ -21,7 +21,7 @@ from polar_vit_hf.modeling import (
     fused_gyro_norm as FG,
     fused_layers as FL,
 )
-from polar_vit_hf.modeling.runtime import runtime_options, use_runtime_options
+from polar_vit_hf.modeling.runtime import RuntimeOptions, runtime_options, use_runtime_options
 
 pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
 
@@ -420,6 +420,104 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class CountingVariant:
+    """A compiled variant whose runs are counted (its guards and function are the variant's)."""
+
+    def __init__(self, variant) -> None:
+        self.variant, self.runs = variant, 0
+        self.guard_check = variant.guard_check
+
+    def fn(self, *args):
+        self.runs += 1
+        return self.variant.fn(*args)
+
+
+def test_a_small_gradient_free_call_runs_a_variant_at_hand_and_never_compiles(tmp_path, monkeypatch):
+    """Below ``kernel_min_elements`` with ``kernels_at_hand`` (a model's gradient-free pass), a call runs a variant
+    already loaded, or saved for its kind of arguments, and eagerly where there is none (remembered until a variant
+    is compiled)."""
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels.clear_compiled()
+    fn = FL._boost_residual_forward
+    x, f = points(2, 5, 8, 2.0, 4).float(), points(2, 5, 8, 2.0, 5).float()
+    alpha = torch.tensor(0.5)
+    want = fn(x, f, alpha, None, 1.0)[0]
+
+    def call():
+        return cpu_kernels.run_maybe_compiled(fn, x, x, f, alpha, None, 1.0)[0]
+
+    with use_runtime_options(cpu_kernels=True, kernels_at_hand=True), torch.no_grad():
+        assert cpu_kernels.kernel_use(x) is cpu_kernels.KernelUse.AT_HAND
+        assert torch.equal(call(), want)  # nothing at hand: eager, nothing compiled or loaded
+        kernel = cpu_kernels.compiled_functions()[fn]
+        assert (kernel.compiles, kernel.loads) == (0, 0)
+        with use_runtime_options(kernel_min_elements=0):
+            assert cpu_kernels.kernel_use(x) is cpu_kernels.KernelUse.COMPILE
+            call()
+        assert kernel.compiles == 1  # the miss is forgotten: the next small call finds this variant
+        kernel.variants[0] = counting = CountingVariant(kernel.variants[0])
+        assert torch.allclose(call(), want, rtol=1e-6, atol=1e-6) and counting.runs == 1
+        cpu_kernels.clear_compiled()  # as a new process: the saved variant loads for its kind of arguments
+        assert torch.allclose(call(), want, rtol=1e-6, atol=1e-6)
+        kernel = cpu_kernels.compiled_functions()[fn]
+        assert (kernel.compiles, kernel.loads) == (0, 1)
+        bigger = points(3, 5, 8, 2.0, 6).float()  # another kind of arguments (a size of one), none saved: eager
+        other = cpu_kernels.run_maybe_compiled(fn, bigger[:1], bigger[:1], f[:1], alpha, None, 1.0)[0]
+        assert torch.equal(other, fn(bigger[:1], f[:1], alpha, None, 1.0)[0])
+        assert (kernel.compiles, kernel.loads) == (0, 1)
+    with use_runtime_options(cpu_kernels=True):  # off (training's default): small calls never use a kernel
+        assert cpu_kernels.kernel_use(x) is None
+    cpu_kernels.clear_compiled()
+
+
+def test_the_model_runs_the_kernels_at_hand_in_gradient_free_passes_only():
+    """The model's forward turns ``kernels_at_hand`` on under ``no_grad`` and ``inference_mode`` (evaluation,
+    pipelines), not where it records gradients (training), unless the caller turned it on."""
+    config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10, num_hidden_layers=1)
+    model = P.PolarViTForImageClassification(config).eval()
+    seen = []
+    model.polar_vit.norm.register_forward_hook(lambda *_: seen.append(runtime_options().kernels_at_hand))
+    pixels = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        model(pixel_values=pixels)
+    with torch.inference_mode():
+        model(pixel_values=pixels)
+    model(pixel_values=pixels)
+    with use_runtime_options(kernels_at_hand=True):
+        model(pixel_values=pixels)
+    assert seen == [True, True, False, True] and not runtime_options().kernels_at_hand
+
+
+def test_compile_cpu_kernels_serves_single_images_in_every_later_process(kernels_on, tmp_path, monkeypatch):
+    """``model.compile_cpu_kernels()`` compiles the variants of a single image's gradient-free pass; with the
+    default ``kernel_min_elements`` a pipeline-like ``no_grad`` pass then runs them (loaded in a new process,
+    nothing compiled) and gives eager's logits; a training step at that size stays eager."""
+    monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels.clear_compiled()
+    torch.manual_seed(0)
+    config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10, num_hidden_layers=1)
+    model = P.PolarViTForImageClassification(config).train()
+    assert model.compile_cpu_kernels() > 5 and model.training
+    assert model.compile_cpu_kernels() == 0  # all at hand now
+    pixels = torch.randn(1, 3, 32, 32)
+    with use_runtime_options(kernel_min_elements=RuntimeOptions().kernel_min_elements):
+        cpu_kernels.clear_compiled()  # as a new process
+        model.eval()
+        with torch.no_grad():
+            logits = model(pixel_values=pixels).logits
+        kernels = [k for k in cpu_kernels.compiled_functions().values() if isinstance(k, cpu_kernels.PersistentKernel)]
+        assert sum(k.loads for k in kernels) > 5 and sum(k.compiles for k in kernels) == 0
+        assert all(k.loads for k in kernels)  # every kernel of the pass had its variant at hand
+        cpu_kernels.set_cpu_kernels(False)
+        with torch.no_grad():
+            assert torch.allclose(logits, model(pixel_values=pixels).logits, rtol=1e-5, atol=1e-6)
+        cpu_kernels.set_cpu_kernels(True)
+        cpu_kernels.clear_compiled()
+        model.train()(pixel_values=pixels, labels=torch.tensor([3])).loss.backward()
+        assert not cpu_kernels.compiled_functions()  # below the size and recording gradients: eager
+    cpu_kernels.clear_compiled()
 
 
 def test_a_kernel_compiles_one_variant_per_kind_of_arguments(kernels_on, tmp_path, monkeypatch):
