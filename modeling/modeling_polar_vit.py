@@ -436,9 +436,12 @@ class PolarViTPreTrainedModel(PreTrainedModel):
 
         Below ``kernel_min_elements`` (a single image) a pass runs eagerly unless a variant is at hand
         (``runtime.RuntimeOptions.kernels_at_hand``): this compiles them, once per machine, torch, source and
-        thread count (minutes on a laptop); every later process loads them.  A no-op off float32 CPU models or
-        with the kernels off."""
+        thread count (the process's: about half a minute for tiny-cifar on 2 cores); every later process loads
+        them.  A no-op off float32 CPU models or with the kernels off."""
         from .cpu_kernels import PersistentKernel, compiled_functions
+
+        if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
+            raise ValueError(f"batch_sizes must be positive integers, got {batch_sizes!r}")
 
         def compiled() -> int:
             return sum(k.compiles for k in compiled_functions().values() if isinstance(k, PersistentKernel))

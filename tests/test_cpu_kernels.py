@@ -488,6 +488,9 @@ def test_the_model_runs_the_kernels_at_hand_in_gradient_free_passes_only():
     with use_runtime_options(kernels_at_hand=True):
         model(pixel_values=pixels)
     assert seen == [True, True, False, True] and not runtime_options().kernels_at_hand
+    for bad in ((), (0,), (1, -2), (1.5,)):
+        with pytest.raises(ValueError, match="batch_sizes must be positive integers"):
+            model.compile_cpu_kernels(bad)
 
 
 def test_compile_cpu_kernels_serves_single_images_in_every_later_process(kernels_on, tmp_path, monkeypatch):
