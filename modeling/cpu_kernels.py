@@ -47,6 +47,7 @@ __all__ = [
     "bound",
     "clear_compiled",
     "compiled_functions",
+    "compiled_variants",
     "cpu_kernels_enabled",
     "first_order",
     "inductor_options",
@@ -77,7 +78,6 @@ __all__ = [
     "static_last_sizes",
     "sum_dims",
     "transforms_active",
-    "use_kernels",
 ]
 
 DOUBLE_BACKWARD_MESSAGE = (
@@ -163,11 +163,6 @@ def kernel_use(like: Tensor, elements: int | None = None) -> KernelUse | None:
     return KernelUse.AT_HAND if options.kernels_at_hand else None
 
 
-def use_kernels(like: Tensor, elements: int | None = None) -> bool:
-    """A call compiles and runs its kernel (:func:`kernel_use` is :attr:`KernelUse.COMPILE`)."""
-    return kernel_use(like, elements) is KernelUse.COMPILE
-
-
 def opaque_to_torch_compile(entry: Callable) -> Callable:
     """Decorator for a fused layer's entry point (its first argument a tensor): inside ``torch.compile(model)``, a
     call on float32 CPU tensors runs outside the compiled graph (a graph break, as ``torch.compiler.disable``),
@@ -225,7 +220,7 @@ def kernel(fn: Callable) -> Callable:
     compiled = _persistent_kernel(fn)
 
     def run(*args: Any) -> Any:
-        if isinstance(compiled, PersistentKernel) and _COMPILED[fn] is compiled:
+        if isinstance(compiled, PersistentKernel):
             try:
                 return compiled(*_detached(args))
             except Exception as error:  # noqa: BLE001 - a compiler failure falls back to the same formulas
@@ -567,6 +562,11 @@ def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str]) 
 def compiled_functions() -> dict[Callable, Callable]:
     """``{function: its compiled kernel}`` so far in this process (the function itself after a compiler failure)."""
     return dict(_COMPILED)
+
+
+def compiled_variants() -> int:
+    """The variants this process compiled so far (over every :class:`PersistentKernel`)."""
+    return sum(k.compiles for k in _COMPILED.values() if isinstance(k, PersistentKernel))
 
 
 def clear_compiled() -> None:

@@ -438,19 +438,15 @@ class PolarViTPreTrainedModel(PreTrainedModel):
         (``runtime.RuntimeOptions.kernels_at_hand``): this compiles them, once per machine, torch, source and
         thread count (the process's: about half a minute for tiny-cifar on 2 cores); every later process loads
         them.  A no-op off float32 CPU models or with the kernels off."""
-        from .cpu_kernels import PersistentKernel, compiled_functions
+        from .cpu_kernels import compiled_variants
 
         if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
             raise ValueError(f"batch_sizes must be positive integers, got {batch_sizes!r}")
-
-        def compiled() -> int:
-            return sum(k.compiles for k in compiled_functions().values() if isinstance(k, PersistentKernel))
-
         config = self.config
         weight = next(self.parameters())
         sample = (config.num_vertices,) if config.is_spherical else (config.image_size, config.image_size)
         generator = torch.Generator().manual_seed(0)
-        before, training = compiled(), self.training
+        before, training = compiled_variants(), self.training
         self.eval()
         try:
             with use_runtime_options(kernel_min_elements=0):
@@ -464,7 +460,7 @@ class PolarViTPreTrainedModel(PreTrainedModel):
                             self(pixel_values=pixels)
         finally:
             self.train(training)
-        return compiled() - before
+        return compiled_variants() - before
 
 
 class PolarViTModel(PolarViTPreTrainedModel):

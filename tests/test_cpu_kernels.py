@@ -1,4 +1,4 @@
-"""Compiled CPU kernels of the fused layers (``modeling/cpu_kernels.py``: :func:`kernel`, :func:`use_kernels`).
+"""Compiled CPU kernels of the fused layers (``modeling/cpu_kernels.py``: :func:`kernel`, :func:`kernel_use`).
 
 In float32 on the CPU, training and inference run the attention core, the position encodings' scalar part, the
 gyro layer norm, the boost residual and the Polar-FC epilogues through inductor-compiled kernels; these tests turn
@@ -46,13 +46,14 @@ def test_small_tensors_and_float64_do_not_use_the_kernels():
     before = cpu_kernels.cpu_kernels_enabled()
     cpu_kernels.set_cpu_kernels(True)
     try:
-        assert cpu_kernels.use_kernels(big)
-        assert not cpu_kernels.use_kernels(big[:-1])  # too small to win a compile back
-        assert cpu_kernels.use_kernels(big[:8], elements=big.numel())  # counted by its pairs
-        assert not cpu_kernels.use_kernels(big[:8], elements=big.numel() - 1)
-        assert not cpu_kernels.use_kernels(big.double())
+        assert cpu_kernels.kernel_use(big) is cpu_kernels.KernelUse.COMPILE
+        assert cpu_kernels.kernel_use(big[:-1]) is None  # too small to win a compile back
+        pairs = big.numel()  # a call counted by its pairs
+        assert cpu_kernels.kernel_use(big[:8], elements=pairs) is cpu_kernels.KernelUse.COMPILE
+        assert cpu_kernels.kernel_use(big[:8], elements=big.numel() - 1) is None
+        assert cpu_kernels.kernel_use(big.double()) is None
         cpu_kernels.set_cpu_kernels(False)
-        assert not cpu_kernels.use_kernels(big)
+        assert cpu_kernels.kernel_use(big) is None
     finally:
         cpu_kernels.set_cpu_kernels(before)
 
@@ -263,12 +264,6 @@ def test_ambient_polar_fc_output_kernels_match_eager_and_float64(kernels_on, rul
     assert really_compiled(fused_ambient.ambient_fc_forward, fused_ambient.ambient_fc_backward)
 
 
-def compiles() -> int:
-    """Variants compiled so far in this process."""
-    kernels = cpu_kernels.compiled_functions().values()
-    return sum(k.compiles for k in kernels if isinstance(k, cpu_kernels.PersistentKernel))
-
-
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
 def test_a_models_kernels_compile_once_then_load_in_new_processes_and_match_eager(
     kernels_on, arithmetic, traced_kernels, tmp_path, monkeypatch, one_thread
@@ -307,22 +302,22 @@ def test_a_models_kernels_compile_once_then_load_in_new_processes_and_match_eage
     scale = max(float(g.abs().max()) for g in grads_e)
     assert max(float((a - b).abs().max()) for a, b in zip(grads_k, grads_e)) <= 1e-4 * scale
     cpu_kernels.set_cpu_kernels(True)
-    trained = compiles()
+    trained = cpu_kernels.compiled_variants()
     # 72 x 64 tokens: reductions over more than 4096 (inductor's float32 summation chunk, a guarded choice) run the
     # variants compiled at batch 2, as the batch's and the tokens' sums are separate reductions (``sum_dims``); the
     # ambient twin's recomputed functions are differentiated by torch.func, whose parameter gradients sum over
     # batch x tokens at once: they compile one more variant each, once per machine
     model(pixel_values=pixels, labels=labels).loss.backward()
     model.zero_grad(set_to_none=True)
-    assert compiles() == trained or arithmetic == "ambient"
-    trained = compiles()
+    assert cpu_kernels.compiled_variants() == trained or arithmetic == "ambient"
+    trained = cpu_kernels.compiled_variants()
     # torch.compile(model) runs the fused layers outside its graph, through these very kernels: it compiles none
     # (the compiled graph's options with the kernels on, as outside this suite)
     traced_kernels(True)
     loss_c = torch.compile(model, backend="aot_eager")(pixel_values=pixels[:2], labels=labels[:2]).loss
     loss_c.backward()
     torch._dynamo.reset()
-    assert compiles() == trained
+    assert cpu_kernels.compiled_variants() == trained
     assert torch.allclose(loss_c.detach(), loss_k, rtol=1e-6)
     assert max(float((p.grad - g).abs().max()) for p, g in zip(model.parameters(), grads_k)) <= 1e-5 * scale
     model.zero_grad(set_to_none=True)
@@ -330,7 +325,7 @@ def test_a_models_kernels_compile_once_then_load_in_new_processes_and_match_eage
     pixels = pixels[:2]
     with torch.no_grad():  # how pipelines and Trainer evaluate: the kernels training compiled, nothing new
         logits = model(pixel_values=pixels).logits
-    assert compiles() == trained
+    assert cpu_kernels.compiled_variants() == trained
     with torch.inference_mode():  # inference tensors: variants of their own, the same formulas
         inference_logits = model(pixel_values=pixels).logits
     cpu_kernels.set_cpu_kernels(False)
@@ -341,8 +336,8 @@ def test_a_models_kernels_compile_once_then_load_in_new_processes_and_match_eage
     # the corrupt file is gone; what this process compiled is saved (the polar model compiles only that variant;
     # the ambient twin also its variants of batch x tokens sums)
     recompiled = set(tmp_path.rglob("*.bin")) - set(saved)
-    assert not saved[0].exists() and compiles() == len(recompiled) >= 1
-    assert compiles() == 1 or arithmetic == "ambient"
+    assert not saved[0].exists() and cpu_kernels.compiled_variants() == len(recompiled) >= 1
+    assert cpu_kernels.compiled_variants() == 1 or arithmetic == "ambient"
     cpu_kernels.clear_compiled()
     cpu_kernels.set_cpu_kernels(True)
     model.double()(pixel_values=pixels[:2].double(), labels=labels[:2]).loss.backward()
@@ -511,7 +506,7 @@ def test_compile_cpu_kernels_serves_single_images_in_every_later_process(kernels
         with torch.no_grad():
             logits = model(pixel_values=pixels).logits
         kernels = [k for k in cpu_kernels.compiled_functions().values() if isinstance(k, cpu_kernels.PersistentKernel)]
-        assert sum(k.loads for k in kernels) > 5 and sum(k.compiles for k in kernels) == 0
+        assert sum(k.loads for k in kernels) > 5 and cpu_kernels.compiled_variants() == 0
         assert all(k.loads for k in kernels)  # every kernel of the pass had its variant at hand
         cpu_kernels.set_cpu_kernels(False)
         with torch.no_grad():
