@@ -23,6 +23,7 @@ This module is part of the remote code of exported checkpoints: it imports only 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -31,7 +32,7 @@ import sys
 import threading
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,9 @@ __all__ = [
     "DOUBLE_BACKWARD_MESSAGE",
     "OPAQUE_REASON",
     "RecomputedFunction",
+    "MATCHED_SIGNATURES",
     "bound",
+    "call_signature",
     "clear_compiled",
     "compiled_functions",
     "compiled_variants",
@@ -93,6 +96,7 @@ OPAQUE_REASON = (
 
 _COMPILED: dict[Callable, Callable] = {}  # function -> its compiled kernel (or itself after a compiler failure)
 _NOTHING_AT_HAND: set[tuple] = set()  # (function, size, inference, threads) of calls with no variant at hand
+MATCHED_SIGNATURES = 64  # call signatures per kernel whose matching variant is remembered (PersistentKernel)
 
 
 def set_cpu_kernels(enabled: bool) -> None:
@@ -349,6 +353,7 @@ class PersistentKernel:
         self.jit: Callable | None = None
         self.compiles = 0  # variants this process compiled
         self.loads = 0  # variants this process loaded from the cache
+        self.matched: dict[tuple, tuple[Any, Any]] = {}  # call_signature -> (variant, global state it matched in)
         self.lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
@@ -395,12 +400,60 @@ class PersistentKernel:
             self.loads += 1
             if variant.guard_check(*args):
                 _mark_used(path)
+                self._remember(call_signature(args), variant)
                 return variant
         return None
 
     def _matching(self, args: tuple) -> Any | None:
-        """The first variant whose guards accept ``args``."""
-        return next((variant for variant in self.variants if variant.guard_check(*args)), None)
+        """The first variant whose guards accept ``args``: the one that accepted a call of the same
+        :func:`call_signature` in the same global state (grad mode, threads, autocast, default dtype: dynamo's
+        ``GlobalStateGuard``) without evaluating guards again, else the first loaded one whose guards do."""
+        signature = call_signature(args)
+        remembered = self.matched.get(signature) if signature is not None else None
+        if remembered is not None and remembered[1].check():
+            return remembered[0]
+        variant = next((variant for variant in self.variants if variant.guard_check(*args)), None)
+        if variant is not None:
+            self._remember(signature, variant)
+        return variant
+
+    def _remember(self, signature: tuple | None, variant: Any) -> None:
+        """Keep ``variant`` as the one that accepts calls of ``signature`` in the current global state (the
+        latest :data:`MATCHED_SIGNATURES` signatures)."""
+        if signature is None:
+            return
+        if len(self.matched) >= MATCHED_SIGNATURES:
+            self.matched.pop(next(iter(self.matched)))
+        self.matched[signature] = (variant, torch._C._dynamo.guards.GlobalStateGuard())
+
+
+def call_signature(args: tuple) -> tuple | None:
+    """Everything a variant's guards read of a call, as a key: each tensor's type (a frozen ``Parameter`` is not a
+    ``Tensor``), dtype, sizes, strides, ``requires_grad`` and whether it is an inference tensor, every other
+    argument itself, inside (named) tuples too (their types and lengths), and the depth of the torch-function mode
+    stack; ``None`` where an argument cannot be part of a key (unhashable, or a tensor without strides).  Guards
+    are a function of these and of the global state, so a variant that accepted one call accepts every call of
+    the same signature in the same global state.  (Kernels run on the CPU: devices need no part.)"""
+    parts: list[Any] = [torch._C._len_torch_function_stack()]
+
+    def visit(values: tuple) -> None:
+        for value in values:
+            if isinstance(value, Tensor):
+                parts.append((type(value), value.dtype, value.shape, value.stride()))
+                parts.append((value.requires_grad, value.is_inference()))
+            elif isinstance(value, tuple):
+                parts.append((type(value), len(value)))
+                visit(value)
+            else:
+                parts.append((type(value), value))
+
+    try:
+        visit(args)
+        signature = tuple(parts)
+        hash(signature)
+    except (RuntimeError, TypeError):  # sparse or other stride-less tensors; unhashable arguments
+        return None
+    return signature
 
 
 def _describe(value: Any) -> str | None:
@@ -487,15 +540,47 @@ def _mark_used(path: Path) -> None:
 
 def _load_variant(path: Path, f_globals: dict[str, Any] | None, loaded: set[str]) -> Any | None:
     """The variant saved in ``path`` (its name added to ``loaded``), its code bound to the function's module
-    globals ``f_globals`` (given :func:`_install_module_aliases`); a file that does not load (truncated, from
-    another build) is removed and ``None`` returned: the variant is compiled again when needed."""
+    globals ``f_globals`` (given :func:`_install_module_aliases`), its kernels' libraries loaded from
+    :func:`_inductor_files_beside`; a file that does not load (truncated, from another build) is removed and
+    ``None`` returned: the variant is compiled again when needed."""
     loaded.add(path.name)
     try:
-        with open(path, "rb") as handle:
+        with open(path, "rb") as handle, _inductor_files_beside(path.parent):
             return torch.compiler.load_compiled_function(handle, f_globals=f_globals)
     except Exception:  # noqa: BLE001 - an unreadable variant is compiled again
         path.unlink(missing_ok=True)
         return None
+
+
+_INDUCTOR_FOLDER_LOCK = threading.RLock()  # one redirection of inductor's cache folder at a time (a process variable)
+
+
+@contextlib.contextmanager
+def _inductor_files_beside(folder: Path) -> Iterator[None]:
+    """Inductor's on-disk caches (the C++ libraries of a variant's kernels, its wrapper module, the compiled graphs)
+    in ``inductor/`` next to ``folder``'s variants (in :func:`kernel_cache_dir`) for the block, where the user has not
+    chosen their folder (``$TORCHINDUCTOR_CACHE_DIR`` unset or inductor's default).
+
+    A saved variant holds its kernels' C++ source, not their libraries: inductor compiles a library again wherever
+    its own cache lacks it, and that cache defaults to the temporary directory, which is emptied at reboot and is
+    private to each job on many clusters and to each container: every variant of a training step compiled again,
+    about 30 s in the first step instead of milliseconds.  Kept beside the variants, the libraries live as long as
+    they do.  The folder is a process-wide environment variable: set under one lock and restored."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is not None and chosen != os.path.abspath(default_cache_dir()):
+        yield
+        return
+    with _INDUCTOR_FOLDER_LOCK:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder.parent / "inductor")
+        try:
+            yield
+        finally:
+            if chosen is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = chosen
 
 
 def _install_module_aliases(f_globals: dict[str, Any]) -> None:
@@ -541,10 +626,12 @@ def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str]) 
     """``fn`` compiled ahead of time for arguments like ``args`` and saved in ``folder`` (its file name added to
     ``loaded``); ``None`` where it cannot be (the caller then uses ``torch.compile``)."""
     try:
-        variant = _aot_compile(fn, args)
+        with _inductor_files_beside(folder):
+            variant = _aot_compile(fn, args)
     except torch._dynamo.exc.TensorifyScalarRestartAnalysis:  # a restart that ``torch.compile`` does itself
         try:
-            variant = _aot_compile(fn, args)
+            with _inductor_files_beside(folder):
+                variant = _aot_compile(fn, args)
         except Exception:  # noqa: BLE001 - not every traceable function can be compiled ahead of time
             return None
     except Exception:  # noqa: BLE001

@@ -29,6 +29,10 @@ _kernels = os.path.join(tempfile.gettempdir(), f"polar-vit-kernels-{_run}") if _
 if _kernels:
     os.makedirs(_kernels, exist_ok=True)
 os.environ.setdefault("POLAR_VIT_KERNEL_CACHE", _kernels or tempfile.mkdtemp(prefix="polar-vit-kernels-"))
+# inductor's own caches (compiled graphs, C++ libraries) in one folder for every test, as inductor's default is:
+# with none chosen, each kernel cache would get its own beside it (modeling/cpu_kernels.py), and the tests that use a
+# kernel cache of their own would compile every C++ library again; the test of that folder unsets this
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor-polar-vit-tests"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
