@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .cpu_kernels import first_order, opaque_to_torch_compile, recompute_vjp, run_maybe_compiled, sum_dims
-from .geometry import concat_norm, direct_concat
+from .geometry import direct_concat
 from .stable_math import (
     asinh_exp,
     asinh_nonneg,
@@ -705,51 +705,54 @@ def packed_direct_concat(p: Tensor, k: float) -> Tensor:
     return torch.cat([r.unsqueeze(-1), u], dim=-1)
 
 
-def _direct_concat_gradients(grad: Tensor, p: Tensor, out: Tensor, sqrt_k: float) -> Tensor:
-    r"""``dL/dp (..., H, d+1)`` of :func:`packed_direct_concat` from its input ``p = [r_h, u_h]``, its output
-    ``[R, U]`` and ``grad = [g_R, g_U]``.  With ``a_h = r_h / sqrt(k)``, ``P = concat_h(sinh a_h u_h)`` and
-    ``n = ||P|| = sinh(R / sqrt(k))``, ``R = sqrt(k) arsinh(n)`` and ``U = P / n`` give
+def _direct_concat_gradients(grad: Tensor, p: Tensor, sqrt_k: float) -> Tensor:
+    r"""``dL/dp (..., H, d+1)`` of :func:`packed_direct_concat` from its input ``p = [r_h, u_h]`` and ``grad = [g_R,
+    g_U]``.  With ``a_h = r_h / sqrt(k)``, ``P = concat_h(sinh a_h u_h)``, ``n = ||P|| = sinh(R / sqrt(k))``,
+    ``R = sqrt(k) arsinh(n)`` and ``U_h = sinh a_h u_h / n``:
 
         g_P = g_R sqrt(k) U / sqrt(1 + n^2) + (g_U - (g_U . U) U) / n,
-        g_u_h = sinh a_h g_P_h,   g_r_h = cosh a_h (g_P_h . u_h) / sqrt(k),
+        g_u_h = sinh a_h g_P_h,   g_r_h = cosh a_h (g_P_h . u_h) / sqrt(k).
 
-    every factor scaled by ``e^{-max_h a_h}`` as in the forward (no overflow at any radius); all zero where every
-    radius is 0 (the reference's subgradient)."""
+    Written through the per-head sums ``e_h = g_U_h . u_h`` and ``|u_h|^2`` (one pass over the input and the
+    gradient): ``g_U . U = sum_h sinh a_h e_h / n``, ``g_P_h = c_h u_h + g_U_h / n`` with ``c_h = (g_R sqrt(k) /
+    sqrt(1 + n^2) - (g_U . U) / n) sinh a_h / n``, so ``g_P_h . u_h = c_h |u_h|^2 + e_h / n`` and the output
+    ``U`` is never read.  Every factor is scaled by ``e^{-max_h a_h}`` as in the forward (no overflow at any
+    radius); all zero where every radius is 0 (the reference's subgradient)."""
     heads, dim = p.shape[-2], p.shape[-1] - 1
     a, u = p[..., 0] / sqrt_k, p[..., 1:]
     top = a.amax(-1, keepdim=True)
     sinh_a, cosh_a = scaled_sinh_cosh(a, top)  # (..., H), times e^{-top}
-    norm = concat_norm(sinh_a.unsqueeze(-1) * u)  # n e^{-top}
-    positive = norm > 0
+    g_big_u = grad[..., 1:].unflatten(-1, (heads, dim))
+    along = (g_big_u * u).sum(-1)  # e_h
+    length_sq = u.square().sum(-1)  # |u_h|^2
+    norm = safe_sqrt((sinh_a.square() * length_sq).sum(-1))  # n e^{-top}
     inv_norm = inverse_or_zero(norm)
     # dR/dn e^{top} = sqrt(k) / sqrt(1 + n^2) e^{top} = sqrt(k) / sqrt(e^{-2 top} + (n e^{-top})^2)
     slope = sqrt_k * torch.rsqrt(torch.exp(-2.0 * top[..., 0]) + norm.square())
-    radial = torch.where(positive, grad[..., 0] * slope, 0.0)
-    big_u = out[..., 1:].unflatten(-1, (heads, dim))
-    g_big_u = grad[..., 1:].unflatten(-1, (heads, dim))
-    tangent = g_big_u - (g_big_u * big_u).sum(-1).sum(-1)[..., None, None] * big_u  # (per head, then per token)
-    g_parts = radial[..., None, None] * big_u + inv_norm[..., None, None] * tangent  # g_P e^{top}
-    g_r = cosh_a * (g_parts * u).sum(-1) / sqrt_k
-    return torch.cat([g_r.unsqueeze(-1), sinh_a.unsqueeze(-1) * g_parts], dim=-1)
+    radial = torch.where(norm > 0, grad[..., 0] * slope, 0.0)
+    tangential = (sinh_a * along).sum(-1) * inv_norm  # g_U . U
+    coef = ((radial - tangential * inv_norm) * inv_norm).unsqueeze(-1) * sinh_a  # c_h e^{top}
+    g_r = cosh_a * (coef * length_sq + along * inv_norm.unsqueeze(-1)) / sqrt_k
+    g_u = sinh_a.unsqueeze(-1) * (coef.unsqueeze(-1) * u + inv_norm[..., None, None] * g_big_u)
+    return torch.cat([g_r.unsqueeze(-1), g_u], dim=-1)
 
 
 class FusedDirectConcat(torch.autograd.Function):
     r"""The heads' Lorentz direct concatenation (Sec. 4.2, :func:`packed_direct_concat`) with the hand-derived
-    backward of :func:`_direct_concat_gradients`.  Saved: the input and the output (which the output projection
-    keeps anyway); nothing is recomputed but the per-head ``sinh`` / ``cosh`` and ``||P||`` per token."""
+    backward of :func:`_direct_concat_gradients`.  Saved: the input; the backward recomputes the per-head ``sinh`` /
+    ``cosh`` and ``||P||`` per token, and never reads the output."""
 
     @staticmethod
     def forward(ctx: Any, p: Tensor, k: float) -> Tensor:  # noqa: D102
-        out = run_maybe_compiled(packed_direct_concat, p, p, k)
-        ctx.save_for_backward(p, out)
+        ctx.save_for_backward(p)
         ctx.sqrt_k = math.sqrt(k)
-        return out
+        return run_maybe_compiled(packed_direct_concat, p, p, k)
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        p, out = ctx.saved_tensors
-        return run_maybe_compiled(_direct_concat_gradients, p, grad.contiguous(), p, out, ctx.sqrt_k), None
+        (p,) = ctx.saved_tensors
+        return run_maybe_compiled(_direct_concat_gradients, p, grad.contiguous(), p, ctx.sqrt_k), None
 
 
 @opaque_to_torch_compile
