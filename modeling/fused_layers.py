@@ -97,30 +97,60 @@ def _padded_weight(weight: Tensor) -> Tensor:
     return torch.nn.functional.pad(weight, (0, gemm_width(weight.shape[1]) - weight.shape[1]))
 
 
+class RadiusRuleGradients(NamedTuple):
+    """``dL/d`` the radius rule's parameters (Eq. 8), sums over the tokens: ``beta`` and ``lambda`` ``(H,)``,
+    ``varphi`` ``(H, n)``, ``varphi_0`` ``(H,)``."""
+
+    norm_power: Tensor
+    radius_weight: Tensor
+    klein_weight: Tensor
+    radius_bias: Tensor
+
+
 def _polar_fc_input_gradients(
+    p: Tensor,
     g_x: Tensor,
-    u: Tensor,
     sinh_a: Tensor,
     cosh_a: Tensor,
-    rule_terms: tuple[Tensor, Tensor, Tensor] | None,
+    g_l: Tensor,
+    norm: Tensor,
+    klein_weight: Tensor | None,
+    radius_weight: Tensor | None,
     sqrt_k: float,
-) -> Tensor:
-    """``dL/dp = [g_a / sqrt(k), g_u]`` ``(T, n+1)`` from ``g_x = dL/d(x / sqrt(k))`` (the first ``n+1`` columns),
-    the input directions ``u`` and ``sinh a``, ``cosh a`` of :func:`_unit_coords`, and, with the radius rule,
-    ``rule_terms = (varphi^T g_l (T, n), lambda . g_l (T,), tanh a (T,))``:
+) -> tuple[Tensor, RadiusRuleGradients | None]:
+    """``(dL/dp, dL/d rule)``: ``dL/dp = [g_a / sqrt(k), g_u]`` ``(..., n+1)`` from the tokens ``p = [r, u]``,
+    ``g_x = dL/d(x / sqrt(k))`` (its first ``n+1`` of :func:`gemm_width` columns), and, with the radius rule,
+    ``g_l = dL/dl`` ``(..., H)``, ``||h||`` ``(..., H)`` (:func:`_polar_fc_epilogue_backward`), ``varphi`` ``(H, n)``
+    and ``lambda`` ``(H,)`` (``None`` without the rule):
 
         g_a = g_x0 sinh a + cosh a (g_xs . u) + lambda . g_l + sech^2 a (u . varphi^T g_l),
-        g_u = sinh a g_xs + tanh a varphi^T g_l
+        g_u = sinh a g_xs + tanh a varphi^T g_l,
+        dL/dbeta = sum_t g_l ln||h||,  dL/dlambda = sum_t g_l a,  dL/dvarphi = sum_t g_l (tanh a u)^T,
+        dL/dvarphi_0 = sum_t g_l
 
-    (Eq. 8 through ``x / sqrt(k) = (cosh a, sinh a u)``), one compiled kernel over the tokens."""
-    g_xs = g_x[:, 1:]
-    g_a = g_x[:, 0] * sinh_a + cosh_a * (g_xs * u).sum(-1)
+    (Eq. 8 through ``x / sqrt(k) = (cosh a, sinh a u)``), one compiled kernel over the tokens; the sums over the
+    leading dimensions one at a time (:func:`cpu_kernels.sum_dims`: one variant serves every batch size)."""
+    u = p[..., 1:]
+    g_xs = g_x[..., 1 : p.shape[-1]]
+    g_a = g_x[..., 0] * sinh_a + cosh_a * (g_xs * u).sum(-1)
     g_u = g_xs * sinh_a.unsqueeze(-1)
-    if rule_terms is not None:
-        g_klein, g_radius, tanh_a = rule_terms
-        g_a = g_a + g_radius + (u * g_klein).sum(-1) / cosh_a.square()
-        g_u = g_u + tanh_a.unsqueeze(-1) * g_klein
-    return torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1)
+    if klein_weight is None or radius_weight is None:
+        return torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1), None
+    a, tanh_a = p[..., 0] / sqrt_k, sinh_a / cosh_a
+    weighted = g_l * tanh_a.unsqueeze(-1)  # g_l tanh a (..., H)
+    if klein_weight.shape[0] == 1:  # one head: broadcast products (a compiled matrix product of inner size 1 is slow)
+        g_klein, g_varphi = g_l * klein_weight[0], sum_dims(weighted * u, keep=1).unsqueeze(0)
+    else:
+        g_klein, g_varphi = g_l @ klein_weight, weighted.flatten(0, -2).t() @ u.flatten(0, -2)  # varphi^T g_l
+    g_a = g_a + g_l @ radius_weight + (u * g_klein).sum(-1) / cosh_a.square()
+    g_u = g_u + tanh_a.unsqueeze(-1) * g_klein
+    grads = RadiusRuleGradients(
+        sum_dims(g_l * torch.log(norm.clamp_min(1e-30)), keep=1),
+        sum_dims(g_l * a.unsqueeze(-1), keep=1),
+        g_varphi,
+        sum_dims(g_l, keep=1),
+    )
+    return torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1), grads
 
 
 def policy_matmul(a: Tensor, b: Tensor, dtype: torch.dtype | None) -> Tensor:
@@ -197,6 +227,10 @@ class FusedPolarFC(torch.autograd.Function):
         g_h = (g_u' + (beta g_l - g_u'.u') u') / ||h||,   g_W = g_pre^T x,   g_x = g_pre W
         g_a = g_x0 sinh a + cosh a (g_xs . u) + lambda . g_l + sech^2 a (u . varphi^T g_l),
         g_u = sinh a g_xs + tanh a varphi^T g_l.
+
+    Backward is two compiled kernels around the products: :func:`_polar_fc_epilogue_backward` and
+    :func:`_polar_fc_input_gradients`, which also sums the radius rule's parameter gradients, over the tokens'
+    ``leading`` dimensions (batch, sequence) one at a time.
     """
 
     @staticmethod
@@ -212,6 +246,7 @@ class FusedPolarFC(torch.autograd.Function):
         heads: int,
         activation: Callable | None,
         matmul_dtype: torch.dtype | None,
+        leading: tuple[int, ...],
     ) -> Tensor:
         x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
         pre = policy_matmul(x, _padded_weight(weight).t(), matmul_dtype).view(p.shape[0], heads, -1)  # (T, H, d)
@@ -233,7 +268,7 @@ class FusedPolarFC(torch.autograd.Function):
         ctx.save_for_backward(
             p, weight, norm_power, radius_weight, klein_weight, out, norm, pre if activation is not None else None
         )
-        ctx.sqrt_k, ctx.activation, ctx.matmul_dtype = sqrt_k, activation, matmul_dtype
+        ctx.sqrt_k, ctx.activation, ctx.matmul_dtype, ctx.leading = sqrt_k, activation, matmul_dtype, leading
         return out
 
     @staticmethod
@@ -242,8 +277,7 @@ class FusedPolarFC(torch.autograd.Function):
         p, weight, norm_power, radius_weight, klein_weight, out, norm, pre = ctx.saved_tensors
         matmul_dtype = ctx.matmul_dtype
         sqrt_k = ctx.sqrt_k
-        u = p[:, 1:]
-        x, a, sinh_a, cosh_a = _unit_coords(p[:, 0], u, sqrt_k)
+        x, _, sinh_a, cosh_a = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
         if pre is None or is_gelu(ctx.activation):
             g_pre, g_l = run_maybe_compiled(
                 _polar_fc_epilogue_backward, out, grad_out, out, norm, norm_power, pre, sqrt_k
@@ -254,22 +288,13 @@ class FusedPolarFC(torch.autograd.Function):
                 leaf = pre.detach().requires_grad_(True)
                 (g_pre,) = torch.autograd.grad(ctx.activation(leaf), leaf, g_h)
         g_pre = g_pre.flatten(1)  # (T, H d)
-        width = p.shape[1]
-        g_weight = policy_matmul(g_pre.t(), x, matmul_dtype)[:, :width].to(weight.dtype)
-        g_x = policy_matmul(g_pre, _padded_weight(weight), matmul_dtype)[:, :width]
-        grads_rule: tuple[Tensor | None, ...] = (None, None, None, None)
-        rule_terms = None
-        if norm_power is not None:
-            tanh_a = torch.tanh(a)
-            rule_terms = (g_l @ klein_weight, g_l @ radius_weight, tanh_a)  # varphi^T g_l, lambda . g_l, tanh a
-            grads_rule = (
-                (g_l * torch.log(norm.clamp_min(1e-30))).sum(0),
-                (g_l * a.unsqueeze(-1)).sum(0),
-                (g_l * tanh_a.unsqueeze(-1)).t() @ u,
-                g_l.sum(0),
-            )
-        g_p = run_maybe_compiled(_polar_fc_input_gradients, p, g_x, u, sinh_a, cosh_a, rule_terms, sqrt_k)
-        return (g_p, g_weight, *grads_rule, None, None, None, None)
+        g_weight = policy_matmul(g_pre.t(), x, matmul_dtype)[:, : p.shape[1]].to(weight.dtype)
+        g_x = policy_matmul(g_pre, _padded_weight(weight), matmul_dtype)  # (T, gemm_width(n+1))
+        tokens = [t.unflatten(0, ctx.leading) for t in (p, g_x, sinh_a, cosh_a, g_l, norm)]  # (batch, tokens, ...)
+        g_p, grads_rule = run_maybe_compiled(
+            _polar_fc_input_gradients, p, *tokens, klein_weight, radius_weight, sqrt_k
+        )
+        return (g_p.flatten(0, -2), g_weight, *(grads_rule or (None, None, None, None)), None, None, None, None, None)
 
 
 @opaque_to_torch_compile
@@ -294,6 +319,7 @@ def fused_polar_fc(
         int(heads),
         activation,
         matmul_dtype,
+        tuple(p.shape[:-1]) or (1,),
     )
     return out.view(*p.shape[:-1], heads, -1)
 

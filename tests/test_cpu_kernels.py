@@ -104,9 +104,13 @@ def test_boost_residual_kernel_matches_eager_and_float64(kernels_on, rmax, drop_
 
 
 @pytest.mark.parametrize("activation,heads,rule", [(GELUActivation(), 1, True), (None, 3, True), (None, 1, False)])
-def test_polar_fc_epilogue_kernels_match_eager(kernels_on, activation, heads, rule):
+@pytest.mark.parametrize("batches", [1, 4])
+def test_polar_fc_epilogue_kernels_match_eager(kernels_on, activation, heads, rule, batches):
+    """The Polar-FC's token kernels (one head and several: the radius rule's products broadcast or matrix products)
+    on a flat token list and on (batch, tokens) (the rule's gradients summed over each leading dimension)."""
     torch.manual_seed(0)
-    p = points(1, 40, 12, 4.0, 3).float().squeeze(0)
+    p = points(batches, 40 // batches, 12, 4.0, 3).float()
+    p = p.squeeze(0) if batches == 1 else p
     out_features = heads * 6
     weight = torch.randn(out_features, 13) * 0.3
     rule_parameters = (
