@@ -52,7 +52,13 @@ from .cpu_kernels import (
     saved_with_record,
     sum_dims,
 )
-from .fused_layers import polar_fc_log_radius, radius_offset
+from .fused_layers import (
+    heads_to_coordinates,
+    polar_fc_log_radius,
+    radius_offset,
+    radius_rule_gradients,
+    token_outer_sum,
+)
 from .stable_math import inverse_or_zero, safe_normalize
 
 __all__ = [
@@ -280,13 +286,8 @@ def ambient_fc_backward(
         return g_h, None, None
     _, radius_weight, klein_weight = weights
     a, chi = ambient_radius(p, k) / sk, ambient_klein(p)
-    g_rule = (
-        sum_dims(g_l * torch.log(norm.clamp_min(1e-30)), keep=1),
-        sum_dims(g_l * a.unsqueeze(-1), keep=1),
-        g_l.flatten(0, -2).t() @ chi.flatten(0, -2),
-        sum_dims(g_l, keep=1),
-    )
-    g_chi = g_l @ klein_weight  # (..., n)
+    g_rule = radius_rule_gradients(g_l, norm, a, token_outer_sum(g_l, chi))
+    g_chi = heads_to_coordinates(g_l, klein_weight)  # (..., n)
     x0 = p[..., 0]
     x = x0 / sk
     g_a = torch.where(x > 1.0, (g_l @ radius_weight) * torch.rsqrt(x * x - 1.0) / sk, 0.0)

@@ -42,6 +42,7 @@ __all__ = [
     "FusedPolarFC",
     "FusedReservedAxesEncoding",
     "GEMM_ALIGN",
+    "RadiusRuleGradients",
     "TOKEN_TERMS",
     "boost_residual_step",
     "fused_boost_residual",
@@ -49,12 +50,15 @@ __all__ = [
     "fused_polar_fc",
     "fused_reserved_axes_encoding",
     "gemm_width",
+    "heads_to_coordinates",
     "is_gelu",
     "packed_direct_concat",
     "polar_fc_epilogue",
     "policy_matmul",
     "polar_fc_log_radius",
     "radius_offset",
+    "radius_rule_gradients",
+    "token_outer_sum",
 ]
 
 
@@ -107,6 +111,36 @@ class RadiusRuleGradients(NamedTuple):
     radius_bias: Tensor
 
 
+def heads_to_coordinates(g_l: Tensor, weight: Tensor) -> Tensor:
+    """``g_l W`` ``(..., n)`` for per-head values ``g_l`` ``(..., H)`` and weights ``W`` ``(H, n)`` (the radius rule's
+    ``varphi^T g_l``); a broadcast for one head (a compiled matrix product of inner size 1 runs far below memory
+    speed)."""
+    return g_l * weight[0] if weight.shape[0] == 1 else g_l @ weight
+
+
+def token_outer_sum(weights: Tensor, values: Tensor) -> Tensor:
+    """``sum_t weights_t values_t^T`` ``(H, n)`` over every leading dimension of ``weights`` ``(..., H)`` and
+    ``values`` ``(..., n)``: a matrix product over the flattened tokens, or for one head a broadcast summed one
+    dimension at a time (:func:`cpu_kernels.sum_dims`; a matrix product of inner size 1 runs far below memory
+    speed)."""
+    if weights.shape[-1] == 1:
+        return sum_dims(weights * values, keep=1).unsqueeze(0)
+    return weights.flatten(0, -2).t() @ values.flatten(0, -2)
+
+
+def radius_rule_gradients(g_l: Tensor, norm: Tensor, a: Tensor, g_varphi: Tensor) -> RadiusRuleGradients:
+    """The radius rule's parameter gradients (Eq. 8; ``l = beta ln||h|| + lambda a + varphi . chi + varphi_0``) from
+    ``g_l = dL/dl`` and ``||h||`` ``(..., H)``, the input radii ``a`` ``(...)`` over ``sqrt(k)`` and ``g_varphi =
+    sum g_l chi^T`` (:func:`token_outer_sum`): sums over the leading dimensions one at a time
+    (:func:`cpu_kernels.sum_dims`: one compiled variant serves every batch size)."""
+    return RadiusRuleGradients(
+        sum_dims(g_l * torch.log(norm.clamp_min(1e-30)), keep=1),
+        sum_dims(g_l * a.unsqueeze(-1), keep=1),
+        g_varphi,
+        sum_dims(g_l, keep=1),
+    )
+
+
 def _polar_fc_input_gradients(
     p: Tensor,
     g_x: Tensor,
@@ -128,28 +162,20 @@ def _polar_fc_input_gradients(
         dL/dbeta = sum_t g_l ln||h||,  dL/dlambda = sum_t g_l a,  dL/dvarphi = sum_t g_l (tanh a u)^T,
         dL/dvarphi_0 = sum_t g_l
 
-    (Eq. 8 through ``x / sqrt(k) = (cosh a, sinh a u)``), one compiled kernel over the tokens; the sums over the
-    leading dimensions one at a time (:func:`cpu_kernels.sum_dims`: one variant serves every batch size)."""
+    (Eq. 8 through ``x / sqrt(k) = (cosh a, sinh a u)``; :func:`radius_rule_gradients`), one compiled kernel over
+    the tokens."""
     u = p[..., 1:]
     g_xs = g_x[..., 1 : p.shape[-1]]
     g_a = g_x[..., 0] * sinh_a + cosh_a * (g_xs * u).sum(-1)
     g_u = g_xs * sinh_a.unsqueeze(-1)
     if klein_weight is None or radius_weight is None:
         return torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1), None
-    a, tanh_a = p[..., 0] / sqrt_k, sinh_a / cosh_a
-    weighted = g_l * tanh_a.unsqueeze(-1)  # g_l tanh a (..., H)
-    if klein_weight.shape[0] == 1:  # one head: broadcast products (a compiled matrix product of inner size 1 is slow)
-        g_klein, g_varphi = g_l * klein_weight[0], sum_dims(weighted * u, keep=1).unsqueeze(0)
-    else:
-        g_klein, g_varphi = g_l @ klein_weight, weighted.flatten(0, -2).t() @ u.flatten(0, -2)  # varphi^T g_l
+    tanh_a = sinh_a / cosh_a
+    g_klein = heads_to_coordinates(g_l, klein_weight)  # varphi^T g_l (..., n)
     g_a = g_a + g_l @ radius_weight + (u * g_klein).sum(-1) / cosh_a.square()
     g_u = g_u + tanh_a.unsqueeze(-1) * g_klein
-    grads = RadiusRuleGradients(
-        sum_dims(g_l * torch.log(norm.clamp_min(1e-30)), keep=1),
-        sum_dims(g_l * a.unsqueeze(-1), keep=1),
-        g_varphi,
-        sum_dims(g_l, keep=1),
-    )
+    g_varphi = token_outer_sum(g_l * tanh_a.unsqueeze(-1), u)  # sum g_l chi^T, chi = tanh a u never formed
+    grads = radius_rule_gradients(g_l, norm, p[..., 0] / sqrt_k, g_varphi)
     return torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1), grads
 
 

@@ -249,16 +249,23 @@ def test_direct_concat_kernels_match_eager_and_float64(kernels_on, rmax):
 @pytest.mark.parametrize("gelu", [True, False])
 @pytest.mark.parametrize("rule", [False, True])
 @pytest.mark.parametrize("rmax", [0.5, 4.0, 12.0])
-def test_ambient_polar_fc_output_kernels_match_eager_and_float64(kernels_on, rule, rmax, gelu):
+@pytest.mark.parametrize("heads", [3, 1])
+def test_ambient_polar_fc_output_kernels_match_eager_and_float64(kernels_on, rule, rmax, gelu, heads):
     """The ambient twin's Polar-FC output (Eq. 8 from its log-radius, in ambient coordinates) as compiled forward
-    and hand-derived backward kernels (``FusedAmbientFCOutput``), with and without the radius rule and the GELU."""
+    and hand-derived backward kernels (``FusedAmbientFCOutput``), with and without the radius rule and the GELU,
+    with several heads and one (the rule's products then broadcasts)."""
     from polar_vit_hf.modeling import fused_ambient
     from polar_vit_hf.modeling.manifold_ops import AmbientOps, FusedAmbientOps
 
     torch.manual_seed(4)
     x = AmbientOps(0.9).make(radii(2, 6, rmax=rmax, seed=4), directions(2, 6, 8, seed=4)).float()
-    h = torch.randn(2, 6, 3, 5)
-    params = [torch.rand(3) + 0.5, 0.3 * torch.randn(3), 0.3 * torch.randn(3, 8), 0.3 * torch.randn(3)]
+    h = torch.randn(2, 6, heads, 5)
+    params = [
+        torch.rand(heads) + 0.5,
+        0.3 * torch.randn(heads),
+        0.3 * torch.randn(heads, 8),
+        0.3 * torch.randn(heads),
+    ]
 
     def fn(h, *points_and_rule):  # without the rule, the input points are not read
         x, *rule_parameters = points_and_rule or (None,)
