@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[(impl, n)] = (float("nan"), float("nan"))
                 continue
             results[(impl, n)] = measure(impl, batch, heads, n, dim, "cuda", args.repeats)
+            tqdm.write(f"{impl} N={n}: {results[(impl, n)][0] * 1e3:.2f} ms, {results[(impl, n)][1]:.1f} MiB")
             continue
         command = [
             sys.executable,
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"N={last}: chunked / eager time {c[0] / e[0]:.2f}x, eager / chunked memory {e[1] / max(c[1], 1e-9):.1f}x"
         )
-    if "triton" in impls:
+    if {"triton", "sdpa", "eager"} <= set(impls):
         for n in args.sizes:
             t = results[("triton", n)][0]
             print(

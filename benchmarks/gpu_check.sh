@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-call GPU check of Polar-ViT: Triton kernels, correctness on CUDA, timings. Fetches nothing.
 #
-#   bash benchmarks/gpu_check.sh            # on a CUDA machine (the stage time limits add up to 7.3 minutes)
+#   bash benchmarks/gpu_check.sh            # on a CUDA machine (the stage time limits add up to 9.5 minutes)
 #   bash benchmarks/gpu_check.sh --dry-run  # anywhere: argument parsing, the install step (pip --dry-run),
 #                                           # the skip logic and one kernel report; nothing runs on a GPU
 #
@@ -21,6 +21,8 @@ PY=${PYTHON:-python3}
 OUT_DIR=${OUT:-outputs/gpu_check}
 mkdir -p "$OUT_DIR"
 export TRITON_CACHE_DIR="$PWD/.triton_cache"
+# the fused layers' compiled GPU kernels: compiled by their test, loaded by the training step's benchmark
+export POLAR_VIT_KERNEL_CACHE="${POLAR_VIT_KERNEL_CACHE:-$(mktemp -d)}"
 unset TRITON_INTERPRET
 START=$SECONDS
 FAILED=()
@@ -70,29 +72,31 @@ stage "registers and spills of the default launch configurations ($ARCH; no GPU 
 if [ "$DRY_RUN" = 1 ]; then
   "$PY" benchmarks/triton_report.py --head-dims 16 --arch "$ARCH" --kernels fwd --out "$OUT_DIR" || FAILED+=(report)
 else
-  timeout 60 "$PY" benchmarks/triton_report.py --head-dims 16 64 128 --arch "$ARCH" --out "$OUT_DIR" \
+  timeout 45 "$PY" benchmarks/triton_report.py --head-dims 16 64 128 --arch "$ARCH" --out "$OUT_DIR" \
     || FAILED+=("report (spills or time limit)")
 fi
 
-run_gpu "attention tests on CUDA" 100 \
-  env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider tests/test_attention.py -k triton
+run_gpu "attention tests on CUDA" 70 \
+  env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -p no:logging tests/test_attention.py -k triton
+run_gpu "compiled GPU kernels against eager and float64" 150 \
+  env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -p no:logging tests/test_gpu_kernels.py
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ -n "$SANITIZER" ]; then
-  run_gpu "compute-sanitizer memcheck" 40 "$SANITIZER" --tool memcheck --error-exitcode 1 \
+  run_gpu "compute-sanitizer memcheck" 30 "$SANITIZER" --tool memcheck --error-exitcode 1 \
     "$PY" benchmarks/attention_speed.py --device cuda --sizes 100 --batch 1 --heads 2 --dim 16 --impls triton \
     --repeats 1 --out "$OUT_DIR/sanitizer"
 else
   stage "compute-sanitizer memcheck"
   echo "skipped: compute-sanitizer is not on PATH or in /usr/local/cuda/bin"
 fi
-run_gpu "attention: triton vs eager vs SDPA" 80 \
-  "$PY" benchmarks/attention_speed.py --device cuda --sizes 256 512 1024 2048 4096 --repeats 10 --out "$OUT_DIR/attention"
-for preset in tiny-cifar small; do
-  run_gpu "training step $preset eager" 25 "$PY" benchmarks/step_time.py --device cuda --preset "$preset" \
-    --batch 64 --repeats 5 --models euclidean polar --out "$OUT_DIR/step_${preset}_eager"
-  run_gpu "training step $preset compiled" 40 "$PY" benchmarks/step_time.py --device cuda --preset "$preset" \
-    --batch 64 --repeats 5 --models euclidean polar --compile --out "$OUT_DIR/step_${preset}_compiled"
-done
+run_gpu "attention: triton vs eager vs SDPA" 50 "$PY" benchmarks/attention_speed.py --device cuda \
+  --sizes 256 1024 4096 --impls eager triton sdpa --repeats 5 --out "$OUT_DIR/attention"
+run_gpu "training step small" 45 "$PY" benchmarks/step_time.py --device cuda --preset small \
+  --batch 64 --repeats 5 --models euclidean polar --out "$OUT_DIR/step_small"
+# the fused layers eagerly (the default on GPUs), then through the compiled GPU kernels (loaded from the test's)
+run_gpu "training step tiny-cifar, eager and compiled GPU kernels" 150 env POLAR_VIT_GPU_KERNELS=1 \
+  "$PY" benchmarks/step_time.py --device cuda --preset tiny-cifar --batch 64 --repeats 5 \
+  --models euclidean polar-eager polar --out "$OUT_DIR/step_tiny-cifar"
 
 stage "done in $((SECONDS - START)) s; results in $OUT_DIR"
 if [ ${#FAILED[@]} -gt 0 ]; then

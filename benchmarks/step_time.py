@@ -154,7 +154,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import polar_vit_hf as P
     from polar_vit_hf.baselines import euclidean_vit
-    from polar_vit_hf.modeling.cpu_kernels import set_cpu_kernels
+    from polar_vit_hf.modeling.runtime import set_runtime_options
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -174,7 +174,7 @@ def worker(args: argparse.Namespace) -> None:
         model = P.PolarViTForImageClassification(config)
         P.geometry.set_input_checks(False)  # training loops validate inputs once, not per operation
         if name == "polar-eager":
-            set_cpu_kernels(False)
+            set_runtime_options(cpu_kernels=False, gpu_kernels=False)
     device = torch.device(args.device)
     model.to(device).train(not args.inference)
     pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)

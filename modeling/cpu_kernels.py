@@ -1,10 +1,11 @@
-"""Compiled CPU kernels for the fused layers, the recomputed function, and saving typed records for backward.
+"""Compiled kernels for the fused layers, the recomputed function, and saving typed records for backward.
 
-In float32 on the CPU, a fused layer can run its pure-tensor core (a function of tensors that returns tensors)
-through :func:`kernel`: ``torch.compile(dynamic=True, fullgraph=True)`` turns its chain of elementwise passes into
-a few fused C++ loops.  :func:`kernel_use` decides per call from the :class:`runtime.RuntimeOptions` (the
-``cpu_kernels`` switch and the ``kernel_min_elements`` size) and the tensors; float64, GPUs and code already
-inside ``torch.compile`` run the same function eagerly, and so do small tensors, except in a model's
+In float32, a fused layer can run its pure-tensor core (a function of tensors that returns tensors) through
+:func:`kernel`: ``torch.compile(dynamic=True, fullgraph=True)`` turns its chain of elementwise passes into a few
+fused C++ loops on the CPU, or a few Triton kernels on a CUDA device (in place of hundreds of eager launches per
+layer).  :func:`kernel_use` decides per call from the :class:`runtime.RuntimeOptions` (the ``cpu_kernels`` and
+``gpu_kernels`` switches and, on the CPU, the ``kernel_min_elements`` size) and the tensors; float64 and code
+already inside ``torch.compile`` run the same function eagerly, and so do small CPU tensors, except in a model's
 gradient-free passes (``kernels_at_hand``), where a small call runs a variant already compiled for its kind of
 arguments (:func:`kernel_use`; single images after :meth:`PolarViTPreTrainedModel.compile_cpu_kernels`).
 Training and inference (``eval`` under ``no_grad``) call the same kernels: a kernel runs on detached arguments
@@ -49,6 +50,7 @@ __all__ = [
     "bound",
     "call_signature",
     "clear_compiled",
+    "compile_options",
     "compiled_functions",
     "compiled_variants",
     "cpu_kernels_enabled",
@@ -94,7 +96,8 @@ OPAQUE_REASON = (
     "(one graph, fullgraph=True)"
 )
 
-_COMPILED: dict[Callable, Callable] = {}  # function -> its compiled kernel (or itself after a compiler failure)
+# (function, device type) -> its compiled kernel (or the function itself after a compiler failure)
+_COMPILED: dict[tuple[Callable, str], Callable] = {}
 _NOTHING_AT_HAND: set[tuple] = set()  # (function, size, inference, threads) of calls with no variant at hand
 MATCHED_SIGNATURES = 64  # call signatures per kernel whose matching variant is remembered (PersistentKernel)
 
@@ -148,21 +151,23 @@ class KernelUse(enum.Enum):
 
 
 def kernel_use(like: Tensor, elements: int | None = None) -> KernelUse | None:
-    """How a call uses compiled kernels: float32 on the CPU, not inside ``torch.compile`` and no saved-tensor
-    hooks in force (their packing runs in Python, between eager operations); then :attr:`KernelUse.COMPILE` from
-    ``kernel_min_elements`` elements in the call's largest tensors (``like``, or ``elements`` where those are
-    temporaries, as the attention's pairs), below it :attr:`KernelUse.AT_HAND` where ``kernels_at_hand`` is on
-    (a model's gradient-free passes), else ``None`` (eager: a compile would cost more than the call saves)."""
+    """How a call uses compiled kernels: float32, not inside ``torch.compile`` and no saved-tensor hooks in force
+    (their packing runs in Python, between eager operations).  On a CUDA device :attr:`KernelUse.COMPILE` where
+    ``gpu_kernels`` is on (off by default), at every size (each eager operation is a launch there).  On the CPU where
+    ``cpu_kernels`` is on, :attr:`KernelUse.COMPILE` from ``kernel_min_elements`` elements in the call's largest
+    tensors (``like``, or ``elements`` where those are temporaries, as the attention's pairs), below it
+    :attr:`KernelUse.AT_HAND` where ``kernels_at_hand`` is on (a model's gradient-free passes), else ``None``
+    (eager: a compile would cost more than the call saves)."""
     options = runtime_options()
+    device = like.device.type
     if not (
-        options.cpu_kernels
-        and like.device.type == "cpu"
+        (options.cpu_kernels if device == "cpu" else options.gpu_kernels and device == "cuda")
         and like.dtype == torch.float32
         and not torch.compiler.is_compiling()
         and not saved_tensor_hooks_active()
     ):
         return None
-    if (like.numel() if elements is None else elements) >= options.kernel_min_elements:
+    if device == "cuda" or (like.numel() if elements is None else elements) >= options.kernel_min_elements:
         return KernelUse.COMPILE
     return KernelUse.AT_HAND if options.kernels_at_hand else None
 
@@ -213,22 +218,53 @@ def kernel_options(fn: Callable) -> dict[str, Any] | None:
     return getattr(fn, "inductor_options", None)
 
 
-def kernel(fn: Callable) -> Callable:
-    """``fn`` compiled by inductor with dynamic shapes, or ``fn`` itself if compiling fails: a warning, then eager.
+GPU_NUMERICS = {  # inductor's options for eager's numerics in Triton code, where this torch has them
+    "eager_numerics.division_rounding": True,  # x / y rounded as eager divides (Triton's default: div.full, ~2 ulp)
+    "eager_numerics.use_pytorch_libdevice": True,  # log and the other functions from libdevice, not lg2.approx
+    "eager_numerics.disable_ftz": True,  # subnormals kept, as eager keeps them
+}
+
+
+def compile_options(fn: Callable, device: str) -> dict[str, Any] | None:
+    """The inductor options ``fn``'s kernels compile with on ``device``: its :func:`kernel_options`, and on a GPU
+    those of :data:`GPU_NUMERICS` this torch knows (the exact-chord formulas need correctly rounded division and
+    logarithms near 1)."""
+    options = kernel_options(fn)
+    if device == "cpu":
+        return options
+    from torch._inductor import config
+
+    known = {name: value for name, value in GPU_NUMERICS.items() if _has_option(config, name)}
+    return {**known, **(options or {})} or None
+
+
+def _has_option(config: Any, name: str) -> bool:
+    """Whether inductor's ``config`` has the (dotted) option ``name``."""
+    node = config
+    for part in name.split("."):
+        if not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return True
+
+
+def kernel(fn: Callable, device: str = "cpu") -> Callable:
+    """``fn`` compiled by inductor with dynamic shapes for tensors on ``device`` (a device type), or ``fn`` itself
+    if compiling fails: a warning, then eager.
 
     ``fn`` runs on detached arguments (records of tensors included): a kernel is called where autograd records
     nothing (an autograd Function's forward or backward), and its guards then see the same arguments in training
     and in inference.  The compiled variants persist across processes (:class:`PersistentKernel`): a new process
-    loads them from :func:`kernel_cache_dir` instead of tracing ``fn`` again; a variant serves only the thread
+    loads them from :func:`kernel_cache_dir` instead of tracing ``fn`` again; a CPU variant serves only the thread
     count it was compiled for (:func:`kernel_threads`)."""
-    compiled = _persistent_kernel(fn)
+    compiled = _persistent_kernel(fn, device)
 
     def run(*args: Any) -> Any:
         if isinstance(compiled, PersistentKernel):
             try:
                 return compiled(*_detached(args))
             except Exception as error:  # noqa: BLE001 - a compiler failure falls back to the same formulas
-                _fall_back(fn, error)
+                _fall_back(fn, device, error)
         return fn(*args)
 
     return run
@@ -242,7 +278,7 @@ def run_at_hand(fn: Callable, like: Tensor, *args: Any) -> Any:
     key = (fn, like.shape, like.is_inference(), torch.get_num_threads())
     if key in _NOTHING_AT_HAND:
         return fn(*args)
-    compiled = _persistent_kernel(fn)
+    compiled = _persistent_kernel(fn, like.device.type)
     if isinstance(compiled, PersistentKernel):
         try:
             detached = _detached(args)
@@ -250,27 +286,30 @@ def run_at_hand(fn: Callable, like: Tensor, *args: Any) -> Any:
             if variant is not None:
                 return variant.fn(*detached)
         except Exception as error:  # noqa: BLE001 - an unusable variant falls back to the same formulas
-            _fall_back(fn, error)
+            _fall_back(fn, like.device.type, error)
     _NOTHING_AT_HAND.add(key)
     return fn(*args)
 
 
-def _persistent_kernel(fn: Callable) -> Callable:
-    """``fn``'s :class:`PersistentKernel` (made at its first call, and again when the thread count changed: that
-    count's variants), or ``fn`` itself after a compiler failure."""
-    compiled = _COMPILED.get(fn)
-    if compiled is None or (isinstance(compiled, PersistentKernel) and compiled.threads != kernel_threads()):
-        compiled = _COMPILED[fn] = PersistentKernel(fn)
+def _persistent_kernel(fn: Callable, device: str) -> Callable:
+    """``fn``'s :class:`PersistentKernel` for ``device`` (made at its first call there, and on the CPU again when
+    the thread count changed: that count's variants), or ``fn`` itself after a compiler failure."""
+    compiled = _COMPILED.get((fn, device))
+    if compiled is None or (
+        isinstance(compiled, PersistentKernel) and device == "cpu" and compiled.threads != kernel_threads()
+    ):
+        compiled = _COMPILED[fn, device] = PersistentKernel(fn, device)
     return compiled
 
 
-def _fall_back(fn: Callable, error: Exception) -> None:
-    """Warn that ``fn``'s compiled kernel failed and run it eagerly from now on."""
+def _fall_back(fn: Callable, device: str, error: Exception) -> None:
+    """Warn that ``fn``'s compiled kernel for ``device`` failed and run it eagerly there from now on."""
     warnings.warn(
-        f"polar_vit_hf: compiled CPU kernels unavailable ({type(error).__name__}: {str(error)[:200]}); running eager",
+        f"polar_vit_hf: compiled {device.upper()} kernels unavailable ({type(error).__name__}: {str(error)[:200]}); "
+        "running eager",
         stacklevel=3,
     )
-    _COMPILED[fn] = fn
+    _COMPILED[fn, device] = fn
 
 
 def map_tensors(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
@@ -344,10 +383,12 @@ class PersistentKernel:
     off) it runs through ``torch.compile`` as usual (inductor's own caches then apply).
     """
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, device: str = "cpu") -> None:
         self.fn = fn
-        self.threads = kernel_threads()  # the thread count its variants are compiled for and loaded at
-        self.folder = _variants_folder(fn, self.threads)
+        self.device = device  # the device type of its variants' tensors
+        # the thread count its CPU variants are compiled for and loaded at (0 on a GPU)
+        self.threads = kernel_threads() if device == "cpu" else 0
+        self.folder = _variants_folder(fn, self.threads, device)
         self.variants: list[Any] = []
         self.loaded: set[str] = set()  # the files of the folder already loaded (or unreadable)
         self.jit: Callable | None = None
@@ -362,13 +403,14 @@ class PersistentKernel:
             if variant is None and self.jit is None and self.folder is not None:
                 variant = self._load_matching(args)  # saved by an earlier or a parallel process
                 if variant is None:
-                    variant = _compile_variant(self.fn, args, self.folder, self.loaded)
+                    variant = _compile_variant(self.fn, args, self.folder, self.loaded, self.device)
                     if variant is not None:
                         self.variants.append(variant)
                         self.compiles += 1
                         _NOTHING_AT_HAND.clear()  # a call that missed may find this variant
             if variant is None and self.jit is None:
-                self.jit = torch.compile(self.fn, dynamic=True, fullgraph=True, options=kernel_options(self.fn))
+                options = compile_options(self.fn, self.device)
+                self.jit = torch.compile(self.fn, dynamic=True, fullgraph=True, options=options)
         return variant.fn(*args) if variant is not None else self.jit(*args)  # type: ignore[misc]
 
     def at_hand(self, args: tuple) -> Any | None:
@@ -433,13 +475,13 @@ def call_signature(args: tuple) -> tuple | None:
     argument itself, inside (named) tuples too (their types and lengths), and the depth of the torch-function mode
     stack; ``None`` where an argument cannot be part of a key (unhashable, or a tensor without strides).  Guards
     are a function of these and of the global state, so a variant that accepted one call accepts every call of
-    the same signature in the same global state.  (Kernels run on the CPU: devices need no part.)"""
+    the same signature in the same global state."""
     parts: list[Any] = [torch._C._len_torch_function_stack()]
 
     def visit(values: tuple) -> None:
         for value in values:
             if isinstance(value, Tensor):
-                parts.append((type(value), value.dtype, value.shape, value.stride()))
+                parts.append((type(value), value.dtype, value.device, value.shape, value.stride()))
                 parts.append((value.requires_grad, value.is_inference()))
             elif isinstance(value, tuple):
                 parts.append((type(value), len(value)))
@@ -481,15 +523,25 @@ def _source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def _variants_folder(fn: Callable, threads: int) -> Path | None:
-    """The folder of ``fn``'s variants compiled for ``threads`` threads (:func:`kernel_threads`) from this source
-    with its inductor options; ``None`` where the cache is off or ``fn`` has no stable name."""
+def _variants_folder(fn: Callable, threads: int, device: str = "cpu") -> Path | None:
+    """The folder of ``fn``'s variants compiled for ``threads`` threads (:func:`kernel_threads`) or for a GPU
+    (:func:`_device_tag`) from this source with its inductor options; ``None`` where the cache is off or ``fn``
+    has no stable name."""
     root = kernel_cache_dir()
     name = _describe(fn)
     if root is None or name is None:
         return None
-    key = hashlib.sha256(f"{_source_digest()}|{name}|{kernel_options(fn)}|{threads}".encode()).hexdigest()[:24]
+    where = threads if device == "cpu" else _device_tag(device)
+    options = compile_options(fn, device)
+    key = hashlib.sha256(f"{_source_digest()}|{name}|{options}|{where}".encode()).hexdigest()[:24]
     return root / key
+
+
+def _device_tag(device: str) -> str:
+    """A GPU's kind as its variants are kept apart by: the device type and the compute capability of the current
+    device (Triton kernels are built for one)."""
+    major, minor = torch.cuda.get_device_capability() if device == "cuda" else (0, 0)
+    return f"{device}-sm{major}{minor}"
 
 
 def argument_kinds(args: tuple) -> str:
@@ -612,25 +664,26 @@ def _static_last_size(t: Tensor) -> Tensor:
     return alias
 
 
-def _aot_compile(fn: Callable, args: tuple) -> Any:
-    """``torch.compile(fn, dynamic=True, fullgraph=True)`` ahead of time for arguments like ``args``, without duck
-    sizing (sizes equal in ``args`` need not stay equal), their last sizes constant (:func:`static_last_sizes`)."""
+def _aot_compile(fn: Callable, args: tuple, device: str = "cpu") -> Any:
+    """``torch.compile(fn, dynamic=True, fullgraph=True)`` ahead of time for arguments like ``args`` on ``device``
+    (:func:`compile_options`), without duck sizing (sizes equal in ``args`` need not stay equal), their last sizes
+    constant (:func:`static_last_sizes`)."""
     with torch.fx.experimental._config.patch(use_duck_shape=False), warnings.catch_warnings():  # type: ignore[attr-defined]
         # (the guards read ``.grad`` of non-leaf arguments, which warns)
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
-        compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=kernel_options(fn))
+        compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=compile_options(fn, device))
         return compiled.aot_compile((static_last_sizes(args), {}))  # type: ignore[attr-defined]
 
 
-def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str]) -> Any | None:
-    """``fn`` compiled ahead of time for arguments like ``args`` and saved in ``folder`` (its file name added to
-    ``loaded``); ``None`` where it cannot be (the caller then uses ``torch.compile``)."""
+def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str], device: str = "cpu") -> Any | None:
+    """``fn`` compiled ahead of time for arguments like ``args`` on ``device`` and saved in ``folder`` (its file name
+    added to ``loaded``); ``None`` where it cannot be (the caller then uses ``torch.compile``)."""
     with _inductor_files_beside(folder):
         try:
-            variant = _aot_compile(fn, args)
+            variant = _aot_compile(fn, args, device)
         except torch._dynamo.exc.TensorifyScalarRestartAnalysis:  # a restart that ``torch.compile`` does itself
             try:
-                variant = _aot_compile(fn, args)
+                variant = _aot_compile(fn, args, device)
             except Exception:  # noqa: BLE001 - not every traceable function can be compiled ahead of time
                 return None
         except Exception:  # noqa: BLE001
@@ -645,9 +698,10 @@ def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str]) 
     return variant
 
 
-def compiled_functions() -> dict[Callable, Callable]:
-    """``{function: its compiled kernel}`` so far in this process (the function itself after a compiler failure)."""
-    return dict(_COMPILED)
+def compiled_functions(device: str = "cpu") -> dict[Callable, Callable]:
+    """``{function: its compiled kernel}`` for ``device`` (a device type) so far in this process (the function
+    itself after a compiler failure)."""
+    return {fn: compiled for (fn, where), compiled in _COMPILED.items() if where == device}
 
 
 def compiled_variants() -> int:
@@ -668,8 +722,9 @@ def run_maybe_compiled(fn: Callable, like: Tensor, *args: Any, elements: int | N
 
 
 def _through_kernel(use: KernelUse, fn: Callable, like: Tensor, *args: Any) -> Any:
-    """``fn(*args)`` through its compiled kernel as ``use`` says (:func:`kernel` or :func:`run_at_hand`)."""
-    return run_at_hand(fn, like, *args) if use is KernelUse.AT_HAND else kernel(fn)(*args)
+    """``fn(*args)`` through its compiled kernel for ``like``'s device as ``use`` says (:func:`kernel` or
+    :func:`run_at_hand`)."""
+    return run_at_hand(fn, like, *args) if use is KernelUse.AT_HAND else kernel(fn, like.device.type)(*args)
 
 
 def recompute_vjp(fn: Callable, primals: tuple[Tensor, ...], cotangents: Any) -> tuple[Any, tuple]:

@@ -35,6 +35,11 @@ class RuntimeOptions:
     Attributes:
         cpu_kernels: the fused layers may run their pure-tensor cores as inductor-compiled kernels when
             training in float32 on the CPU (:mod:`cpu_kernels`).
+        gpu_kernels: the same on CUDA devices, at every size: inductor's Triton kernels, compiled with eager's
+            division and math library (:func:`cpu_kernels.compile_options`), in place of the eager chain of
+            elementwise launches (tens of thousands per training step).  Off unless ``POLAR_VIT_GPU_KERNELS=1``:
+            measured 1.7x faster per tiny-cifar step on an H200, but its check against eager on the device
+            (``tests/test_gpu_kernels.py``) has not passed yet.
         kernel_min_elements: a fused layer uses its compiled kernel only from this many elements in its largest
             tensor (``benchmarks/step_time.py``: the kernels win at every tiny-cifar batch from 8 to 128 once their
             compiled variants load from the kernel cache; below this size - the ``demo`` preset - a short run
@@ -52,6 +57,7 @@ class RuntimeOptions:
     """
 
     cpu_kernels: bool = True
+    gpu_kernels: bool = False
     kernel_min_elements: int = 1 << 16
     attention_group_elements: int = 1 << 19
     chunked_min_tokens: int = 1024
@@ -60,8 +66,12 @@ class RuntimeOptions:
 
     @classmethod
     def from_environment(cls) -> RuntimeOptions:
-        """The defaults, with ``POLAR_VIT_CPU_KERNELS=0`` turning the compiled CPU kernels off."""
-        return cls(cpu_kernels=os.environ.get("POLAR_VIT_CPU_KERNELS", "1") != "0")
+        """The defaults, with ``POLAR_VIT_CPU_KERNELS=0`` turning the compiled CPU kernels off and
+        ``POLAR_VIT_GPU_KERNELS=1`` the compiled GPU kernels on."""
+        return cls(
+            cpu_kernels=os.environ.get("POLAR_VIT_CPU_KERNELS", "1") != "0",
+            gpu_kernels=os.environ.get("POLAR_VIT_GPU_KERNELS", "0") == "1",
+        )
 
 
 _DEFAULTS = RuntimeOptions.from_environment()  # frozen: safe as the context variable's shared default

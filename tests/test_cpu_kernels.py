@@ -58,6 +58,36 @@ def test_small_tensors_and_float64_do_not_use_the_kernels():
         cpu_kernels.set_cpu_kernels(before)
 
 
+def test_gpu_kernels_are_opt_in_for_float32_cuda_tensors_of_any_size_with_eager_numerics(monkeypatch):
+    """``gpu_kernels`` (``POLAR_VIT_GPU_KERNELS=1``) compiles every float32 call on a CUDA device, whatever its size;
+    its variants compile with eager's numerics and are kept apart from the CPU's (a fake CUDA tensor: the dispatch
+    needs no GPU; tests/test_gpu_kernels.py runs the kernels on one)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        small = torch.empty(4, device="cuda")
+    assert cpu_kernels.kernel_use(small) is None  # off by default
+    with use_runtime_options(gpu_kernels=True, cpu_kernels=False):
+        assert cpu_kernels.kernel_use(small) is cpu_kernels.KernelUse.COMPILE
+        assert cpu_kernels.kernel_use(torch.zeros(runtime_options().kernel_min_elements)) is None  # the CPU's own
+        with FakeTensorMode():
+            assert cpu_kernels.kernel_use(torch.empty(4, device="cuda", dtype=F64)) is None
+    with use_runtime_options(gpu_kernels=False, cpu_kernels=True):
+        assert cpu_kernels.kernel_use(small) is None
+    monkeypatch.setenv("POLAR_VIT_GPU_KERNELS", "1")
+    assert RuntimeOptions.from_environment().gpu_kernels and not RuntimeOptions().gpu_kernels
+    options = cpu_kernels.compile_options(FL._boost_residual_forward, "cuda")
+    assert options is not None and set(options) == set(cpu_kernels.GPU_NUMERICS)  # this torch knows all three
+    assert cpu_kernels.compile_options(FL._boost_residual_forward, "cpu") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    folders = {
+        cpu_kernels._variants_folder(FL._boost_residual_forward, threads, device)
+        for threads, device in [(1, "cpu"), (0, "cuda")]
+    }
+    assert len(folders) == 2
+    assert cpu_kernels.call_signature((small,)) != cpu_kernels.call_signature((torch.zeros(4),))
+
+
 def points(batch: int, tokens: int, dim: int, rmax: float, seed: int) -> torch.Tensor:
     return torch.cat([radii(batch, tokens, 1, rmax=rmax, seed=seed), directions(batch, tokens, dim, seed=seed)], -1)
 
