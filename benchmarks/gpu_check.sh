@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One-call GPU check of Polar-ViT: Triton kernels, correctness on CUDA, timings. Fetches nothing.
 #
-#   bash benchmarks/gpu_check.sh            # on a CUDA machine (the stage time limits add up to 9.5 minutes)
+#   bash benchmarks/gpu_check.sh            # on a CUDA machine (the stage time limits add up to 9.6 minutes)
 #   bash benchmarks/gpu_check.sh --dry-run  # anywhere: argument parsing, the install step (pip --dry-run),
 #                                           # the skip logic and one kernel report; nothing runs on a GPU
 #
 # Needs python with torch, triton, transformers, pytest (no datasets / evaluate). Results (logs, CSV,
-# PNG) go to $OUT if set, else outputs/gpu_check/. Compiled kernels are cached in .triton_cache/.
+# PNG) go to $GPU_CHECK_DIR (default outputs/gpu_check/); where $OUT is set, also as one archive,
+# $OUT/gpu_check.tar.gz (the profiler's traces left out). Compiled kernels are cached in .triton_cache/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY_RUN=0
@@ -18,7 +19,7 @@ for arg in "$@"; do
   esac
 done
 PY=${PYTHON:-python3}
-OUT_DIR=${OUT:-outputs/gpu_check}
+OUT_DIR=${GPU_CHECK_DIR:-outputs/gpu_check}
 mkdir -p "$OUT_DIR"
 export TRITON_CACHE_DIR="$PWD/.triton_cache"
 # the fused layers' compiled GPU kernels: compiled by their test, loaded by the training step's benchmark
@@ -72,24 +73,24 @@ stage "registers and spills of the default launch configurations ($ARCH; no GPU 
 if [ "$DRY_RUN" = 1 ]; then
   "$PY" benchmarks/triton_report.py --head-dims 16 --arch "$ARCH" --kernels fwd --out "$OUT_DIR" || FAILED+=(report)
 else
-  timeout 45 "$PY" benchmarks/triton_report.py --head-dims 16 64 128 --arch "$ARCH" --out "$OUT_DIR" \
+  timeout 40 "$PY" benchmarks/triton_report.py --head-dims 16 64 128 --arch "$ARCH" --out "$OUT_DIR" \
     || FAILED+=("report (spills or time limit)")
 fi
 
-run_gpu "attention tests on CUDA" 70 \
+run_gpu "attention tests on CUDA" 60 \
   env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -p no:logging tests/test_attention.py -k triton
-run_gpu "compiled GPU kernels against eager and float64" 150 \
+run_gpu "compiled GPU kernels against eager and float64" 140 \
   env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -p no:logging tests/test_gpu_kernels.py
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ -n "$SANITIZER" ]; then
-  run_gpu "compute-sanitizer memcheck" 30 "$SANITIZER" --tool memcheck --error-exitcode 1 \
+  run_gpu "compute-sanitizer memcheck" 25 "$SANITIZER" --tool memcheck --error-exitcode 1 \
     "$PY" benchmarks/attention_speed.py --device cuda --sizes 100 --batch 1 --heads 2 --dim 16 --impls triton \
     --repeats 1 --out "$OUT_DIR/sanitizer"
 else
   stage "compute-sanitizer memcheck"
   echo "skipped: compute-sanitizer is not on PATH or in /usr/local/cuda/bin"
 fi
-run_gpu "attention: triton vs eager vs SDPA" 50 "$PY" benchmarks/attention_speed.py --device cuda \
+run_gpu "attention: triton vs eager vs SDPA" 40 "$PY" benchmarks/attention_speed.py --device cuda \
   --sizes 256 1024 4096 --impls eager triton sdpa --repeats 5 --out "$OUT_DIR/attention"
 run_gpu "training step small" 45 "$PY" benchmarks/step_time.py --device cuda --preset small \
   --batch 64 --repeats 5 --models euclidean polar --out "$OUT_DIR/step_small"
@@ -97,8 +98,14 @@ run_gpu "training step small" 45 "$PY" benchmarks/step_time.py --device cuda --p
 run_gpu "training step tiny-cifar, eager and compiled GPU kernels" 150 env POLAR_VIT_GPU_KERNELS=1 \
   "$PY" benchmarks/step_time.py --device cuda --preset tiny-cifar --batch 64 --repeats 5 \
   --models euclidean polar-eager polar --out "$OUT_DIR/step_tiny-cifar"
+run_gpu "profile of a tiny-cifar step, compiled GPU kernels" 45 env POLAR_VIT_GPU_KERNELS=1 \
+  "$PY" benchmarks/profile_step.py --device cuda --preset tiny-cifar --batch 64 --top 30 --out "$OUT_DIR/profile"
 
 stage "done in $((SECONDS - START)) s; results in $OUT_DIR"
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/gpu_check.tar.gz" --exclude='*.json' -C "$(dirname "$OUT_DIR")" "$(basename "$OUT_DIR")"
+  echo "packed into $OUT/gpu_check.tar.gz"
+fi
 if [ ${#FAILED[@]} -gt 0 ]; then
   printf '!! failed: %s\n' "${FAILED[@]}"
   exit 1

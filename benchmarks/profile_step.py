@@ -1,7 +1,7 @@
 """Where a training step goes: ``torch.profiler`` tables per operator and per layer kind.
 
 Run:  python benchmarks/profile_step.py [--preset tiny-cifar] [--batch 64] [--model polar|ambient|euclidean]
-          [--threads N] [--top 25] [--out outputs/profile_step]
+          [--threads N] [--top 25] [--device cpu|cuda] [--out outputs/profile_step]
 
 One model (Polar-ViT polar or ambient, or transformers' same-shape ViT) in train mode; two warm-up steps (the
 compiled CPU kernels compile in the first), then one profiled forward + backward.  Prints
@@ -13,7 +13,12 @@ compiled CPU kernels compile in the first), then one profiled forward + backward
 * the compiled CPU kernels' time per fused layer Function, forward and backward nodes apart;
 * without the profiler (whose per-call overhead makes many small eager calls look dear), the wall clock of every
   fused layer Function over ``--wall_steps`` steps, split into its compiled kernels, the Polar-FC's matrix
-  products and the rest (eager operations and Python), and the time outside the Functions (:func:`wall_table`).
+  products and the rest (eager operations and Python), and the time outside the Functions (:func:`wall_table`);
+* with ``--device cuda`` instead of that wall-clock table: the GPU's kernels by self device time, how many
+  kernels a step launches and how much of the step's wall clock the GPU is busy (:func:`gpu_table`): a step
+  whose GPU is busy for a small share of it is bound by launches and Python, not by arithmetic; and the step's
+  host synchronisations by source line (:func:`host_syncs`: each stalls the launches until the GPU is idle, and
+  none is allowed while a CUDA graph is captured).
 
 Writes ``operators.csv``, ``layers.csv``, ``kernels.csv``, ``wall.csv``, a Chrome trace (``trace.json``) and
 ``layers.png``.
@@ -30,7 +35,7 @@ import os
 import pkgutil
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -246,6 +251,43 @@ def print_wall_table(step_ms: float, rows: dict[str, WallRow], steps: int) -> No
     print(f"{'outside the fused Functions':<{width}} {step_ms - inside:>9.1f}")
 
 
+def gpu_table(averages, step_ms: float, top: int) -> None:
+    """The GPU side of a profiled step (``key_averages`` with CUDA activity): kernels by self device time, the
+    kernels launched, and the device's busy time against the step's unprofiled wall clock ``step_ms``."""
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in averages if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+    busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3
+    launched = sum(e.count for e in kernels)
+    print(
+        f"\nGPU: {launched} kernels launched, busy {busy_ms:.1f} ms of a {step_ms:.1f} ms step "
+        f"({busy_ms / step_ms:.0%}; the rest is launches, Python and waiting)"
+    )
+    print(f"{'GPU kernel':<72} {'device ms':>9} {'calls':>7}")
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
+        print(f"{e.key[:72]:<72} {e.self_device_time_total / 1e3:>9.2f} {e.count:>7}")
+
+
+def host_syncs(step: Callable[[], None]) -> Counter[str]:
+    """Where one ``step`` makes the host wait for the GPU: ``torch.cuda.set_sync_debug_mode("warn")`` warns at
+    each synchronising operation (``.item()``, ``bool`` of a tensor, ``nonzero``, copies to the host), counted
+    by the warning's source line."""
+    import warnings
+
+    sources: Counter[str] = Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for warning in caught:
+        if "synchroniz" in str(warning.message):
+            sources[f"{Path(warning.filename).name}:{warning.lineno}"] += 1
+    return sources
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny-cifar")
@@ -254,20 +296,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--wall_steps", type=int, default=5, help="steps of the wall-clock table (0: none)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", type=Path, default=Path("outputs/profile_step"))
     args = parser.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     model, config = build(args.model, args.preset)
-    model.train()
-    pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size)
-    labels = torch.randint(0, 100, (args.batch,))
+    model.to(device).train()
+    pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)
+    labels = torch.randint(0, 100, (args.batch,), device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step() -> None:
         model(pixel_values=pixels, labels=labels).loss.backward()
         model.zero_grad(set_to_none=True)
+        sync()
 
     for _ in range(2):
         step()
@@ -275,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     step()
     plain_s = time.perf_counter() - start
     undo = label_modules(model)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])]
+    with profile(activities=activities) as prof:
         step()
     for restore in undo:
         restore()
@@ -288,9 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         key=lambda row: -row[1],
     )
     where = torch.backends.cpu.get_cpu_capability()
+    on = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
     print(
         f"\n{args.model}, {args.preset}, batch {args.batch}, forward + backward, {args.threads} CPU threads "
-        f"({where}): "
+        f"({where}{on}): "
         f"{plain_s * 1e3:.0f} ms unprofiled, {total_ms:.0f} ms of operator self time profiled"
     )
     print(f"{'operator':<48} {'self ms':>9} {'share':>7} {'calls':>7}")
@@ -319,8 +367,14 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.writer(handle)
         writer.writerow(["fused_layer", "kernel_ms", "calls"])
         writer.writerows((name, ms, calls) for name, (ms, calls) in kernels.items())
+    if device.type == "cuda":
+        gpu_table(averages, plain_s * 1e3, args.top)
+        syncs = host_syncs(step)
+        print(f"\nhost synchronisations per step: {sum(syncs.values())}")
+        for source, count in syncs.most_common(args.top):
+            print(f"{source:<60} {count:>7}")
     wall_csv = ""
-    if args.wall_steps > 0 and args.model != "euclidean":
+    if args.wall_steps > 0 and args.model != "euclidean" and device.type == "cpu":
         wall_csv = " wall.csv,"
         step_ms, wall = wall_table(step, args.wall_steps)
         print_wall_table(step_ms, wall, args.wall_steps)

@@ -6,6 +6,7 @@ import csv
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,15 @@ def test_default_launch_configurations_do_not_spill_on_sm90(tmp_path):
 def test_gpu_check_dry_run_without_a_gpu(tmp_path):
     """The GPU check parses its arguments, dry-runs the install, lists the GPU stages and compiles one kernel."""
     script = ROOT / "benchmarks" / "gpu_check.sh"
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path / "c")}
+    results, out = tmp_path / "results", tmp_path / "out"
+    out.mkdir()
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "GPU_CHECK_DIR": str(results),
+        "OUT": str(out),
+        "TRITON_CACHE_DIR": str(tmp_path / "c"),
+    }
     bad = subprocess.run(["bash", str(script), "--fast"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "unknown argument '--fast'" in bad.stderr
     done = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, env=env, timeout=600)
@@ -60,4 +69,6 @@ def test_gpu_check_dry_run_without_a_gpu(tmp_path):
     # the attention tests, the compiled GPU kernels' test, the attention timings, two training steps (+ sanitizer)
     assert done.stdout.count("skipped, no GPU:") >= 5
     assert "tests/test_gpu_kernels.py" in done.stdout and "POLAR_VIT_GPU_KERNELS=1" in done.stdout
-    assert (tmp_path / "triton_report.csv").exists()
+    assert (results / "triton_report.csv").exists()
+    with tarfile.open(out / "gpu_check.tar.gz") as archive:  # what the device tool brings back: one file
+        assert "results/triton_report.csv" in archive.getnames()
