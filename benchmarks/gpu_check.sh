@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-call GPU check of Polar-ViT: Triton kernels, correctness on CUDA, timings. Fetches nothing.
 #
-#   bash benchmarks/gpu_check.sh            # on a CUDA machine (the stage time limits add up to 9.6 minutes)
+#   bash benchmarks/gpu_check.sh            # on a CUDA machine (the stage time limits add up to 9.7 minutes)
 #   bash benchmarks/gpu_check.sh --dry-run  # anywhere: argument parsing, the install step (pip --dry-run),
 #                                           # the skip logic and one kernel report; nothing runs on a GPU
 #
@@ -79,7 +79,7 @@ fi
 
 run_gpu "attention tests on CUDA" 60 \
   env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -p no:logging tests/test_attention.py -k triton
-run_gpu "compiled GPU kernels against eager and float64" 140 \
+run_gpu "compiled GPU kernels against eager and float64" 130 \
   env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -p no:logging tests/test_gpu_kernels.py
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ -n "$SANITIZER" ]; then
@@ -95,9 +95,13 @@ run_gpu "attention: triton vs eager vs SDPA" 40 "$PY" benchmarks/attention_speed
 run_gpu "training step small" 45 "$PY" benchmarks/step_time.py --device cuda --preset small \
   --batch 64 --repeats 5 --models euclidean polar --out "$OUT_DIR/step_small"
 # the fused layers eagerly (the default on GPUs), then through the compiled GPU kernels (loaded from the test's)
-run_gpu "training step tiny-cifar, eager and compiled GPU kernels" 150 env POLAR_VIT_GPU_KERNELS=1 \
+run_gpu "training step tiny-cifar, eager and compiled GPU kernels" 120 env POLAR_VIT_GPU_KERNELS=1 \
   "$PY" benchmarks/step_time.py --device cuda --preset tiny-cifar --batch 64 --repeats 5 \
   --models euclidean polar-eager polar --out "$OUT_DIR/step_tiny-cifar"
+# the same step captured as a CUDA graph: what is left once launches and Python cost nothing
+run_gpu "training step tiny-cifar, compiled GPU kernels in a CUDA graph" 45 env POLAR_VIT_GPU_KERNELS=1 \
+  "$PY" benchmarks/step_time.py --device cuda --preset tiny-cifar --batch 64 --repeats 5 \
+  --models euclidean polar --cuda-graph --out "$OUT_DIR/step_tiny-cifar_graph"
 run_gpu "profile of a tiny-cifar step, compiled GPU kernels" 45 env POLAR_VIT_GPU_KERNELS=1 \
   "$PY" benchmarks/profile_step.py --device cuda --preset tiny-cifar --batch 64 --top 30 --out "$OUT_DIR/profile"
 

@@ -1,6 +1,7 @@
 """Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
 
 Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile] [--device cuda]
+          [--cuda-graph]
           [--models euclidean ambient ambient-reference polar-reference polar polar-chunked] [--interleave]
           [--autocast bf16] [--inference]
           [--models ... hypercore hexformer --hypercore DIR --hexformer DIR] [--base REV]
@@ -47,7 +48,7 @@ import sys
 import tempfile
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -205,6 +206,8 @@ def worker(args: argparse.Namespace) -> None:
         step()
     for _ in range(args.warmup - 1):
         step()
+    if args.cuda_graph:
+        step = graphed_step(model, step_fn, pixels, labels, args.inference)
     if args.serve:  # interleaved: per line read from stdin, --round_warmup untimed steps and one timed, until EOF
         print(json.dumps({"ready": True}), flush=True)
         for _ in sys.stdin:
@@ -235,6 +238,44 @@ def worker(args: argparse.Namespace) -> None:
             }
         )
     )
+
+
+def graphed_step(
+    model: torch.nn.Module, step_fn: Callable, pixels: torch.Tensor, labels: torch.Tensor, inference: bool
+) -> Callable[[], None]:
+    """The step captured once as a CUDA graph (``--cuda-graph``; after the warm-up steps, which compiled or loaded
+    every kernel): each call replays its launches without Python or the dispatcher.  Three more steps run on a
+    side stream first, as capture needs; the gradients are captured into fresh ``.grad`` tensors, overwritten by
+    each replay."""
+
+    def body() -> None:
+        if inference:
+            with torch.no_grad():
+                step_fn(pixel_values=pixels)
+            return
+        model.zero_grad(set_to_none=True)
+        step_fn(pixel_values=pixels, labels=labels).loss.backward()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        if inference:
+            with torch.no_grad():
+                step_fn(pixel_values=pixels)
+        else:
+            step_fn(pixel_values=pixels, labels=labels).loss.backward()
+
+    def replay() -> None:
+        graph.replay()
+        torch.cuda.synchronize()
+
+    return replay
 
 
 def measurement() -> types.ModuleType:
@@ -304,6 +345,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (long compile on CPU)")
     parser.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="with --device cuda: time replays of each model's step captured as a CUDA graph after the warm-up",
+    )
+    parser.add_argument(
         "--inference", action="store_true", help="time eval-mode forward passes under torch.no_grad instead"
     )
     parser.add_argument(
@@ -357,6 +403,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.cuda_graph and args.device != "cuda":
+        print("--cuda-graph needs --device cuda", file=sys.stderr)
+        return 2
     if args.model:
         worker(args)
         return 0
@@ -404,6 +453,7 @@ def worker_command(args: argparse.Namespace, name: str) -> list[str]:
     line += ["--device", args.device, "--round_warmup", str(args.round_warmup), "--autocast", args.autocast]
     line += [f"--{peer}={getattr(args, peer)}" for peer in PEERS if getattr(args, peer)]
     line += ["--inference"] if args.inference else []
+    line += ["--cuda-graph"] if args.cuda_graph else []
     return line + (["--compile"] if args.compile else []) + (["--serve"] if args.interleave else [])
 
 
@@ -443,8 +493,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
     print(
         f"\n{args.preset}, batch {args.batch}, "
         f"{'inference (eval, no_grad)' if args.inference else 'forward + backward'}, {where}, "
-        f"{'compiled' if args.compile else 'eager'}, median of {args.repeats}"
-        + ("" if args.autocast == "none" else f", under torch.autocast({args.autocast})")
+        f"{'compiled' if args.compile else 'eager'}{', CUDA graph' if args.cuda_graph else ''}, "
+        f"median of {args.repeats}" + ("" if args.autocast == "none" else f", under torch.autocast({args.autocast})")
     )
     first_peak = "peak RSS growth" if args.device == "cpu" else "first-step peak"  # CUDA: allocated bytes
     print(

@@ -424,11 +424,13 @@ def rebuild_wide(p: Tensor, out: Tensor, st: GyroNormScalars) -> GyroNormWide:
 def bias_near_origin(bias: Tensor, k: float) -> bool | None:
     """Whether the bias point ``b = bias / sqrt(k)`` lies within ``||b|| <= 1``, where Eq. 20 is used directly (else
     the polar gyroaddition, Eq. 21), as :func:`gyro_norm_forward` decides it; ``None`` inside ``torch.compile``
-    (the value is data; the traced forward then carries both forms).
+    (the value is data; the traced forward then carries both forms) and on a GPU (reading it would make the host
+    wait for the device, and no such wait may happen while a CUDA graph is captured: a compiled GPU kernel then
+    carries both forms, selected on the device).
 
     Known before a compiled kernel runs, it specialises the kernel to the one form in use: a kernel traced without
     it computes both forms for every token."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or bias.device.type == "cuda":
         return None
     return bool((bias / math.sqrt(k)).square().sum() <= 1.0)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import directions, make_inputs, radii
+from torch._subclasses.fake_tensor import FakeTensorMode
 from transformers.activations import GELUActivation
 
 import polar_vit_hf as P
@@ -62,8 +63,6 @@ def test_gpu_kernels_are_opt_in_for_float32_cuda_tensors_of_any_size_with_eager_
     """``gpu_kernels`` (``POLAR_VIT_GPU_KERNELS=1``) compiles every float32 call on a CUDA device, whatever its size;
     its variants compile with eager's numerics and are kept apart from the CPU's (a fake CUDA tensor: the dispatch
     needs no GPU; tests/test_gpu_kernels.py runs the kernels on one)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     with FakeTensorMode():
         small = torch.empty(4, device="cuda")
     assert cpu_kernels.kernel_use(small) is None  # off by default
@@ -742,12 +741,14 @@ def test_inductor_options_reach_the_compile_and_the_cache_key(kernels_on, monkey
 @pytest.mark.parametrize("bias_scale", [0.1, 3.0])
 def test_gyro_layer_norm_kernel_computes_only_the_bias_form_in_use(bias_scale):
     """A kernel told which form of Eq. 20 the bias point takes traces that form alone; without it (a traced
-    ``torch.compile(model)``), both, selected per value; either way the output is the eager one."""
+    ``torch.compile(model)``, a GPU), both, selected per value; either way the output is the eager one."""
     p = points(2, 5, 12, 4.0, 8).float()
     log_gain = torch.tensor(0.3)
     bias = torch.linspace(-1.0, 1.0, 12) * bias_scale / 12**0.5
     near = FG.bias_near_origin(bias, 0.9)
     assert near is (bias_scale < 1.0)
+    with FakeTensorMode():  # on a GPU the decision stays on the device: no host read (the kernel carries both)
+        assert FG.bias_near_origin(torch.empty(12, device="cuda"), 0.9) is None
 
     def forms(near_origin):
         out, scalars, _ = FG.gyro_norm_forward(p, log_gain, bias, 0.9, 1e-5, near_origin)
