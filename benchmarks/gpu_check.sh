@@ -92,14 +92,12 @@ else
 fi
 run_gpu "attention: triton vs eager vs SDPA" 40 "$PY" benchmarks/attention_speed.py --device cuda \
   --sizes 256 1024 4096 --impls eager triton sdpa --repeats 5 --out "$OUT_DIR/attention"
-run_gpu "training step small" 45 "$PY" benchmarks/step_time.py --device cuda --preset small \
-  --batch 64 --repeats 5 --models euclidean polar --out "$OUT_DIR/step_small"
 # the fused layers eagerly (the default on GPUs), then through the compiled GPU kernels (loaded from the test's)
-run_gpu "training step tiny-cifar, eager and compiled GPU kernels" 120 env POLAR_VIT_GPU_KERNELS=1 \
+run_gpu "training step tiny-cifar, eager and compiled GPU kernels" 150 env POLAR_VIT_GPU_KERNELS=1 \
   "$PY" benchmarks/step_time.py --device cuda --preset tiny-cifar --batch 64 --repeats 5 \
-  --models euclidean polar-eager polar --out "$OUT_DIR/step_tiny-cifar"
+  --models euclidean polar polar-eager --out "$OUT_DIR/step_tiny-cifar"
 # the same step captured as a CUDA graph: what is left once launches and Python cost nothing
-run_gpu "training step tiny-cifar, compiled GPU kernels in a CUDA graph" 45 env POLAR_VIT_GPU_KERNELS=1 \
+run_gpu "training step tiny-cifar, compiled GPU kernels in a CUDA graph" 60 env POLAR_VIT_GPU_KERNELS=1 \
   "$PY" benchmarks/step_time.py --device cuda --preset tiny-cifar --batch 64 --repeats 5 \
   --models euclidean polar --cuda-graph --out "$OUT_DIR/step_tiny-cifar_graph"
 run_gpu "profile of a tiny-cifar step, compiled GPU kernels" 45 env POLAR_VIT_GPU_KERNELS=1 \
