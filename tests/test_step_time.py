@@ -108,6 +108,15 @@ def test_inference_times_forward_passes_and_saves_nothing_for_backward(tmp_path,
     assert all(float(row["peak_tensor_mib"]) > 0 for row in table.values())
 
 
+def test_cuda_graph_replays_are_refused_without_a_gpu_and_reach_every_worker(capsys):
+    from polar_vit_hf.benchmarks import step_time
+
+    assert step_time.main(["--cuda-graph"]) == 2
+    assert "--cuda-graph needs --device cuda" in capsys.readouterr().err
+    args = step_time.parser().parse_args(["--device", "cuda", "--cuda-graph"])
+    assert "--cuda-graph" in step_time.worker_command(args, "polar")
+
+
 def test_the_step_profile_prints_operators_and_layer_kinds(tmp_path, capsys):
     from polar_vit_hf.benchmarks import profile_step
 
