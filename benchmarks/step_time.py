@@ -249,12 +249,12 @@ def graphed_step(
     each replay."""
 
     def body() -> None:
+        model.zero_grad(set_to_none=True)  # (in the capture too: backward then captures fresh .grad tensors)
         if inference:
             with torch.no_grad():
                 step_fn(pixel_values=pixels)
-            return
-        model.zero_grad(set_to_none=True)
-        step_fn(pixel_values=pixels, labels=labels).loss.backward()
+        else:
+            step_fn(pixel_values=pixels, labels=labels).loss.backward()
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -262,14 +262,9 @@ def graphed_step(
         for _ in range(3):
             body()
     torch.cuda.current_stream().wait_stream(side)
-    model.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        if inference:
-            with torch.no_grad():
-                step_fn(pixel_values=pixels)
-        else:
-            step_fn(pixel_values=pixels, labels=labels).loss.backward()
+        body()
 
     def replay() -> None:
         graph.replay()

@@ -234,18 +234,9 @@ def compile_options(fn: Callable, device: str) -> dict[str, Any] | None:
         return options
     from torch._inductor import config
 
-    known = {name: value for name, value in GPU_NUMERICS.items() if _has_option(config, name)}
+    names = config.get_config_copy()  # every option this torch has, by its dotted name
+    known = {name: value for name, value in GPU_NUMERICS.items() if name in names}
     return {**known, **(options or {})} or None
-
-
-def _has_option(config: Any, name: str) -> bool:
-    """Whether inductor's ``config`` has the (dotted) option ``name``."""
-    node = config
-    for part in name.split("."):
-        if not hasattr(node, part):
-            return False
-        node = getattr(node, part)
-    return True
 
 
 def kernel(fn: Callable, device: str = "cpu") -> Callable:
