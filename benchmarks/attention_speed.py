@@ -23,7 +23,12 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 IMPLS = ("eager", "chunked", "triton", "sdpa")
 
@@ -102,7 +107,7 @@ def measure(impl, batch, heads, n, dim, device, repeats):
         with peak_rss_growth() as growth:
             run()
         peak = growth.mib
-    return median_time(run, repeats, torch.cuda.synchronize if device == "cuda" else (lambda: None)), peak
+    return median_time(run, repeats, synchronizer(device)), peak
 
 
 SHARPNESS_CASES = {"generic": (1.0, None), "sharp": (8.0, 1.0)}  # (largest radius, scale; None: d^-1/2)
@@ -130,30 +135,51 @@ def sharpness(repeats: int, batch: int = 64, heads: int = 12, n: int = 64, dim: 
         print(f"{name:<10}{seconds * 1e3:>10.1f}{tiny:>17.0%}")
 
 
+def synchronizer(device: str | torch.device) -> Callable[[], None]:
+    """Waits for the device's queued work (nothing to wait for on the CPU)."""
+    import torch
+
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
+def float64_reference(inputs: list) -> tuple:
+    """``(r, u, gradients)`` of the eager float64 attention on ``inputs`` for the loss ``sum r + sum u``."""
+    from polar_vit_hf.modeling.attention import eager_polar_attention
+
+    ref = [t.detach().double().requires_grad_(True) for t in inputs]
+    r, u, _ = eager_polar_attention(*ref[:6], ref[6], 1.0)
+    (r.sum() + u.sum()).backward()
+    return r.detach(), u.detach(), [t.grad for t in ref]
+
+
+def attention_errors(impl: str, inputs: list, reference: tuple) -> tuple[float, float]:
+    """``(largest geodesic error of the output, largest gradient error relative to each reference gradient's
+    largest entry)`` of ``impl`` on copies of ``inputs`` against their :func:`float64_reference`."""
+    from polar_vit_hf.modeling.attention import polar_attention
+    from polar_vit_hf.modeling.geometry import distance
+
+    test = [t.detach().clone().requires_grad_(True) for t in inputs]
+    r, u = polar_attention(*test[:6], test[6], 1.0, impl=impl)
+    (r.sum() + u.sum()).backward()
+    r_ref, u_ref, grads_ref = reference
+    err = float(distance(r.detach().double(), u.detach().double(), r_ref, u_ref).max())
+    grad_err = max(float((a.grad.double() - b).abs().max() / (b.abs().max() + 1e-12)) for a, b in zip(test, grads_ref))
+    return err, grad_err
+
+
 def check(device: str, dims=(16, 32, 64)) -> None:
     """Triton (where usable) and chunked against the float64 eager reference."""
     import torch
 
-    from polar_vit_hf.geometry import distance
-    from polar_vit_hf.modeling.attention import eager_polar_attention, polar_attention
     from polar_vit_hf.modeling.triton_attention import triton_usable
 
     impls = ["chunked"] + (["triton"] if triton_usable(torch.device(device)) else [])
     for dim in dims:
         for n in (100, 256):
             inputs = make_inputs(2, 3, n, dim, device)
-            ref = [t.detach().double().requires_grad_(True) for t in inputs]
-            r_ref, u_ref, _ = eager_polar_attention(*ref[:6], ref[6], 1.0)
-            (r_ref.sum() + u_ref.sum()).backward()
+            reference = float64_reference(inputs)
             for impl in impls:
-                test = [t.detach().clone().requires_grad_(True) for t in inputs]
-                r, u = polar_attention(*test[:6], test[6], 1.0, impl=impl)
-                (r.sum() + u.sum()).backward()
-                err = float(distance(r.double(), u.double(), r_ref, u_ref).detach().max())
-                grad_err = max(
-                    float((a.grad.double() - b.grad).abs().max() / (b.grad.abs().max() + 1e-12))
-                    for a, b in zip(test, ref)
-                )
+                err, grad_err = attention_errors(impl, inputs, reference)
                 status = "ok" if err < 1e-4 and grad_err < 1e-3 else "FAIL"
                 print(
                     f"check {impl:<8} d={dim:<3} N={n:<4} max geodesic error {err:.1e}  "

@@ -29,10 +29,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -143,13 +144,9 @@ def all_ptxas_figures(jobs: list[Job], workers: int) -> list[tuple[int, int]]:
         return list(tqdm(pool.map(ptxas_figures, jobs), total=len(jobs), desc="ptxas", unit="config"))
 
 
-def synchronizer(device: torch.device) -> Callable[[], None]:
-    """Waits for the device's queued work (nothing to wait for on the CPU)."""
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-
 def time_kernel(kernel: str, inputs: list[torch.Tensor], repeats: int) -> float:
     """Milliseconds (median of ``repeats`` after one warm-up) of the forward (``fwd``) or of the backward."""
+    from polar_vit_hf.benchmarks.attention_speed import synchronizer
     from polar_vit_hf.modeling.triton_attention import triton_polar_attention
 
     sync = synchronizer(inputs[0].device)
@@ -173,30 +170,10 @@ def time_kernel(kernel: str, inputs: list[torch.Tensor], repeats: int) -> float:
 def kernel_error(kernel: str, inputs: list[torch.Tensor], reference: tuple) -> float:
     """The output's largest geodesic error from the float64 ``reference`` (``fwd``), or the gradients' largest
     error relative to each reference gradient's largest entry (the backward kernels)."""
-    from polar_vit_hf.modeling.geometry import distance
-    from polar_vit_hf.modeling.triton_attention import triton_polar_attention
+    from polar_vit_hf.benchmarks.attention_speed import attention_errors
 
-    test = [t.detach().clone().requires_grad_(True) for t in inputs]
-    r, u = triton_polar_attention(*test[:6], test[6], 1.0)
-    r_ref, u_ref, grads_ref = reference
-    if kernel == "fwd":
-        return float(distance(r.detach().double(), u.detach().double(), r_ref, u_ref).max())
-    (r.sum() + u.sum()).backward()
-    errors = []
-    for tensor, ref in zip(test, grads_ref):
-        assert tensor.grad is not None
-        errors.append(float((tensor.grad.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)))
-    return max(errors)
-
-
-def float64_reference(inputs: list[torch.Tensor]) -> tuple:
-    """``(r, u, gradients)`` of the eager float64 attention on ``inputs`` for the loss ``sum r + sum u``."""
-    from polar_vit_hf.modeling.attention import eager_polar_attention
-
-    ref = [t.detach().double().requires_grad_(True) for t in inputs]
-    r, u, _ = eager_polar_attention(*ref[:6], ref[6], 1.0)
-    (r.sum() + u.sum()).backward()
-    return r.detach(), u.detach(), [t.grad for t in ref]
+    output_error, gradient_error = attention_errors("triton", inputs, reference)
+    return output_error if kernel == "fwd" else gradient_error
 
 
 def configurations(kernel: str, args: argparse.Namespace) -> list[Candidate]:
@@ -247,14 +224,14 @@ def print_rows(rows: list[Row], dim: int) -> None:
         c = row.candidate
         mark = " (default)" if row.default else ""
         head = f"  {c.block_m:>3}x{c.block_n:<3} {c.num_warps:>2} {c.num_stages}  {row.registers:>4}"
-        if row.status == "spills" or row.ms != row.ms:
+        if row.status == "spills" or math.isnan(row.ms):
             print(f"{head}  spills {row.spills} B{mark}")
             continue
         print(
             f"{head}  {row.ms:9.3f} ms  {row.ms / default.ms:5.2f}x  {row.error:8.1e}  "
             f"{row.error / max(default.error, 1e-300):6.2f}x  {row.status}{mark}"
         )
-    if default.ms != default.ms:  # --ptxas-only: no times
+    if math.isnan(default.ms):  # --ptxas-only: no times
         return
     best = min((row for row in rows if row.status == "ok"), key=lambda row: row.ms)
     print(
@@ -324,7 +301,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from polar_vit_hf.benchmarks.attention_speed import make_inputs
+    from polar_vit_hf.benchmarks.attention_speed import float64_reference, make_inputs
     from polar_vit_hf.modeling.triton_attention import triton_usable
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
