@@ -247,7 +247,8 @@ class FusedPolarFC(torch.autograd.Function):
 
     ``h = phi(W x / sqrt(k))``, ``u' = h / ||h||``, ``l = beta ln||h|| + lambda a + varphi . (tanh(a) u) + varphi_0``,
     ``r' = sqrt(k) arsinh(e^l)``; without the radius rule (``beta`` is ``None``) ``l = ln ||h||``.  Saved: the input,
-    the output, ``||h||`` per head and the pre-activation (only with an activation).  Backward, with
+    the weight as the products read it (zero columns up to :func:`gemm_width`: padded once per step), the output,
+    ``||h||`` per head and the pre-activation (only with an activation).  Backward, with
     ``g_l = sqrt(k) g_r' tanh(a')``:
 
         g_h = (g_u' + (beta g_l - g_u'.u') u') / ||h||,   g_W = g_pre^T x,   g_x = g_pre W
@@ -275,7 +276,8 @@ class FusedPolarFC(torch.autograd.Function):
         leading: tuple[int, ...],
     ) -> Tensor:
         x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
-        pre = policy_matmul(x, _padded_weight(weight).t(), matmul_dtype).view(p.shape[0], heads, -1)  # (T, H, d)
+        padded = _padded_weight(weight)  # kept for backward: one padding per step
+        pre = policy_matmul(x, padded.t(), matmul_dtype).view(p.shape[0], heads, -1)  # (T, H, d)
         gelu = is_gelu(activation)
         offset = None
         if (
@@ -292,7 +294,7 @@ class FusedPolarFC(torch.autograd.Function):
         else:  # any other activation: applied eagerly, the epilogue without one
             out, norm = polar_fc_epilogue(activation(pre), offset, norm_power, sqrt_k, False)
         ctx.save_for_backward(
-            p, weight, norm_power, radius_weight, klein_weight, out, norm, pre if activation is not None else None
+            p, padded, norm_power, radius_weight, klein_weight, out, norm, pre if activation is not None else None
         )
         ctx.sqrt_k, ctx.activation, ctx.matmul_dtype, ctx.leading = sqrt_k, activation, matmul_dtype, leading
         return out
@@ -300,7 +302,7 @@ class FusedPolarFC(torch.autograd.Function):
     @staticmethod
     @first_order
     def backward(ctx: Any, grad_out: Tensor) -> tuple:  # noqa: D102
-        p, weight, norm_power, radius_weight, klein_weight, out, norm, pre = ctx.saved_tensors
+        p, padded, norm_power, radius_weight, klein_weight, out, norm, pre = ctx.saved_tensors
         matmul_dtype = ctx.matmul_dtype
         sqrt_k = ctx.sqrt_k
         x, _, sinh_a, cosh_a = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
@@ -314,8 +316,8 @@ class FusedPolarFC(torch.autograd.Function):
                 leaf = pre.detach().requires_grad_(True)
                 (g_pre,) = torch.autograd.grad(ctx.activation(leaf), leaf, g_h)
         g_pre = g_pre.flatten(1)  # (T, H d)
-        g_weight = policy_matmul(g_pre.t(), x, matmul_dtype)[:, : p.shape[1]].to(weight.dtype)
-        g_x = policy_matmul(g_pre, _padded_weight(weight), matmul_dtype)  # (T, gemm_width(n+1))
+        g_weight = policy_matmul(g_pre.t(), x, matmul_dtype)[:, : p.shape[1]].to(padded.dtype)
+        g_x = policy_matmul(g_pre, padded, matmul_dtype)  # (T, gemm_width(n+1))
         tokens = [t.unflatten(0, ctx.leading) for t in (p, g_x, sinh_a, cosh_a, g_l, norm)]  # (batch, tokens, ...)
         g_p, grads_rule = run_maybe_compiled(
             _polar_fc_input_gradients, p, *tokens, klein_weight, radius_weight, sqrt_k
