@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-OUTPUTS = ("lse", "sums", "v_norm", "u_hat", "S")
+OUTPUTS = ("lse", "T", "E", "S", "||V||", "u_hat")  # what both kernels return (the package's also the radius)
 CAPABILITY_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"],
     "AVX2": ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma"],
@@ -67,7 +67,16 @@ def hand_written_call(extension, rows) -> Callable:
     values = (rows.sinh_beta, rows.cosh_beta, rows.exp_beta, rows.root_coef.reshape(-1))
     args = [t.contiguous() for t in (*fields, *values)]
     cutoff = float(weight_cutoff(torch.float32))
-    return lambda: extension.forward(*args, cutoff)
+    return lambda: shared_outputs(extension.forward(*args, cutoff))
+
+
+def shared_outputs(result) -> tuple:
+    """:data:`OUTPUTS` of the extension's ``(lse, sums = (T, E, V), ||V||, u_hat, S)`` or of the package's
+    ``RowStatistics``."""
+    if hasattr(result, "_fields"):
+        return result.lse, result.big_t, result.big_e, result.big_s, result.v_norm, result.u_hat
+    lse, sums, v_norm, u_hat, big_s = result
+    return lse, sums[..., 0], sums[..., 1], big_s, v_norm, u_hat
 
 
 def compiled_call(rows) -> Callable:
@@ -76,7 +85,7 @@ def compiled_call(rows) -> Callable:
     from polar_vit_hf.modeling.fused_attention import _attention_group_forward
 
     pairs = rows.uq.shape[0] * rows.uq.shape[1] * rows.uk.shape[1]
-    return lambda: run_maybe_compiled(_attention_group_forward, rows.uq, rows, elements=pairs)
+    return lambda: shared_outputs(run_maybe_compiled(_attention_group_forward, rows.uq, rows, elements=pairs))
 
 
 def relative_errors(outputs, rows) -> list[float]:
@@ -84,7 +93,7 @@ def relative_errors(outputs, rows) -> list[float]:
 
     from polar_vit_hf.modeling.fused_attention import GroupRows, _attention_group_forward
 
-    exact = _attention_group_forward(GroupRows(*(t.double() for t in rows)))
+    exact = shared_outputs(_attention_group_forward(GroupRows(*(t.double() for t in rows))))
     return [float((o.double() - e).abs().max() / e.abs().max()) for o, e in zip(outputs, exact)]
 
 

@@ -13,6 +13,7 @@ This module is part of the remote code of exported checkpoints: it imports only 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -38,6 +39,7 @@ __all__ = [
     "PAIR_TERMS",
     "FusedAmbientAttention",
     "FusedPolarAttention",
+    "FusedPolarAttentionHeads",
     "AmbientScores",
     "CentredValues",
     "ambient_scores",
@@ -45,6 +47,7 @@ __all__ = [
     "chord_operands",
     "fused_ambient_attention",
     "fused_polar_attention",
+    "fused_polar_attention_heads",
     "pair_chords",
     "row_gradients",
     "stationarity_correction",
@@ -246,10 +249,10 @@ def row_gradients(
 # --------------------------------------------------------------------------------------------
 # one group of slices, forward and backward (pure functions: compiled kernels on the CPU)
 # --------------------------------------------------------------------------------------------
-def _attention_group_forward(rows: GroupRows) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Forward of :class:`FusedPolarAttention` on one group: ``(lse, sums, ||V||, u_hat, S)`` with ``sums = (T, E,
-    V)`` ``(G, N, d+2)``; the softmax unnormalised (``exp(w_min^2 - w^2)``, sums divided by the row total: one exp
-    pass, no ``logsumexp``)."""
+def _attention_group_forward(rows: GroupRows) -> RowStatistics:
+    """Forward of :class:`FusedPolarAttention` on one group: the :class:`RowStatistics` it keeps, the centroid's
+    radius and direction among them; the softmax unnormalised (``exp(w_min^2 - w^2)``, sums divided by the row
+    total: one exp pass, no ``logsumexp``)."""
     w = scaled_distances(pair_chords(rows.uq, rows.uk_t), rows).w
     w_min_sq = w.amin(-1, keepdim=True).square()  # the largest score is -w_min^2
     probs = exp_weights(w_min_sq - w.square())
@@ -259,7 +262,9 @@ def _attention_group_forward(rows: GroupRows) -> tuple[Tensor, Tensor, Tensor, T
     u_hat = safe_normalize(sums[..., 2:], v_norm)
     weighted = pair_chords(u_hat, rows.uv_t).mul_(probs).mul_(rows.sinh_beta.unsqueeze(-2))
     total = total.squeeze(-1)
-    return torch.log(total) - w_min_sq.squeeze(-1), sums, v_norm, u_hat, weighted.sum(-1) / total
+    big_t, big_e, big_s = sums[..., 0], sums[..., 1], weighted.sum(-1) / total
+    a_mu = centroid_radius(big_t, big_e, big_s, v_norm, v_norm <= 0)
+    return RowStatistics(torch.log(total) - w_min_sq.squeeze(-1), big_t, big_e, big_s, v_norm, a_mu, u_hat)
 
 
 def _centre(u: Tensor) -> Tensor:
@@ -350,28 +355,50 @@ def _batch_groups(batch: int, per_sample: int) -> list[slice]:
     return [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
 
 
+class RowScalars(NamedTuple):
+    """The per-slice quantities of :class:`AttentionRows`, all contiguous ``(B, H, ...)``: radii over ``sqrt(k)``
+    (``a`` queries, ``b`` keys, ``beta`` values), their hyperbolic functions, ``e^{-beta}``, the per-slice ``scale``
+    and ``sqrt(4 k scale)``."""
+
+    a: Tensor
+    b: Tensor
+    beta: Tensor
+    sinh_a: Tensor
+    cosh_a: Tensor
+    sinh_b: Tensor
+    cosh_b: Tensor
+    sinh_beta: Tensor
+    cosh_beta: Tensor
+    exp_beta: Tensor
+    scale: Tensor
+    root_coef: Tensor
+
+
+def row_scalars(rq: Tensor, rk: Tensor, rv: Tensor, scale: Tensor, k: float) -> RowScalars:
+    """:class:`RowScalars` of radii ``(B, H, N)`` (views of the strided heads, gathered here) and the per-head
+    ``scale (H,)``: ``score = -(sqrt(4 k scale) asinh s)^2`` (Eq. 9).  One compiled kernel on the CPU in place of a
+    dozen eager passes."""
+    sk = math.sqrt(k)
+    a, b, beta = (r.contiguous() / sk for r in (rq, rk, rv))  # (B, H, N) contiguous: groups are views
+    sinh_a, cosh_a = sinh_cosh(a)
+    sinh_b, cosh_b = sinh_cosh(b)
+    sinh_beta, cosh_beta = sinh_cosh(beta)
+    scale_g = scale.view(1, -1, 1, 1).expand(rq.shape[0], -1, 1, 1).contiguous()
+    exp_beta, root_coef = torch.exp(-beta), torch.sqrt(scale_g * (4.0 * k))
+    return RowScalars(a, b, beta, sinh_a, cosh_a, sinh_b, cosh_b, sinh_beta, cosh_beta, exp_beta, scale_g, root_coef)
+
+
 class AttentionRows:
-    """Per-slice quantities of :class:`FusedPolarAttention`, computed once for all ``(batch, head)`` slices:
-    radii over ``sqrt(k)``, their ``sinh``/``cosh``, and ``sqrt(4 k scale)`` (``score = -(sqrt(4 k scale) asinh
-    s)^2``, Eq. 9), all ``(B, H, ...)``; the directions are the inputs themselves (views, never copied whole).
-    ``rows[group]`` is a :class:`GroupRows` of ``G = g H`` contiguous slices (strided inputs copied per group, in
-    cache)."""
+    """Per-slice quantities of :class:`FusedPolarAttention`, computed once for all ``(batch, head)`` slices
+    (:class:`RowScalars`); the directions are the inputs themselves (views, never copied whole).  ``rows[group]``
+    is a :class:`GroupRows` of ``G = g H`` contiguous slices (strided inputs copied per group, in cache)."""
 
     def __init__(
         self, rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor, k: float
     ) -> None:
-        batch, heads = uq.shape[:2]
-        sk = math.sqrt(k)
         self.uq, self.uk, self.uv = uq, uk, uv
-        # contiguous per-row quantities (the radii of strided heads would otherwise be gathered once per field and
-        # group): every field below is then a contiguous (B, H, ...) tensor whose groups are views
-        self.a, self.b, self.beta = (r.contiguous() / sk for r in (rq, rk, rv))
-        self.sinh_a, self.cosh_a = sinh_cosh(self.a)
-        self.sinh_b, self.cosh_b = sinh_cosh(self.b)
-        self.sinh_beta, self.cosh_beta = sinh_cosh(self.beta)
-        self.exp_beta = torch.exp(-self.beta)
-        scale_g = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1).contiguous()
-        self.scale, self.root_coef = scale_g, torch.sqrt(scale_g * (4.0 * k))
+        pairs = uq.shape[0] * uq.shape[1] * uq.shape[2] * uk.shape[2]
+        self.scalars = run_maybe_compiled(row_scalars, uq, rq, rk, rv, scale, k, elements=pairs)
 
     def __getitem__(self, group: slice) -> GroupRows:
         take = lambda t: t[group].flatten(0, 1)  # noqa: E731 - one slicing rule for every field
@@ -380,21 +407,64 @@ class AttentionRows:
             take(self.uq),
             uk,
             uv,
-            take(self.a),
-            take(self.b),
-            take(self.beta),
-            take(self.sinh_a),
-            take(self.cosh_a),
-            take(self.sinh_b),
-            take(self.cosh_b),
-            take(self.sinh_beta),
-            take(self.cosh_beta),
-            take(self.exp_beta),
-            take(self.scale),
-            take(self.root_coef),
+            *(take(value) for value in self.scalars),
             uk.transpose(-1, -2).contiguous(),
             uv.transpose(-1, -2).contiguous(),
         )
+
+
+class HeadViews(NamedTuple):
+    """The fused core's inputs: radii ``(B, H, N)`` and directions ``(B, H, N, d)`` of the queries, keys and values
+    (views of the heads, any strides)."""
+
+    rq: Tensor
+    uq: Tensor
+    rk: Tensor
+    uk: Tensor
+    rv: Tensor
+    uv: Tensor
+
+
+def _pairs(views: HeadViews) -> int:
+    """``B H N M``: the score elements of a call (what decides its compiled kernels, :func:`kernel_use`)."""
+    batch, heads, n_q, _ = views.uq.shape
+    return batch * heads * n_q * views.uk.shape[2]
+
+
+def _core_forward(views: HeadViews, scale: Tensor, k: float) -> RowStatistics:
+    """The forward of :class:`FusedPolarAttention`, group by group: the :class:`RowStatistics` of every slice
+    ``(B H, N, ...)``."""
+    rows = AttentionRows(*views, scale, k)
+    pairs = _pairs(views)
+    parts = [
+        run_maybe_compiled(_attention_group_forward, views.uq, rows[group], elements=pairs)
+        for group in _batch_groups(views.uq.shape[0], pairs // views.uq.shape[0])
+    ]
+    return RowStatistics(*(torch.cat(part) for part in zip(*parts)))
+
+
+def _core_gradients(
+    views: HeadViews, scale: Tensor, saved: RowStatistics, grad_r: Tensor, grad_u: Tensor, k: float
+) -> Iterator[tuple[slice, tuple[Tensor, ...]]]:
+    """The backward of :class:`FusedPolarAttention`, group by group: each group of samples with the gradients of
+    its ``(rq, uq, rk, uk, rv, uv)`` ``(G, ...)`` and the per-slice scale gradient ``(G,)``, from contiguous
+    cotangents ``grad_r (B, H, N)`` and ``grad_u (B, H, N, d)``."""
+    heads = views.uq.shape[1]
+    rows = AttentionRows(*views, scale, k)
+    pairs = _pairs(views)
+    for group in _batch_groups(views.uq.shape[0], pairs // views.uq.shape[0]):
+        slots = slice(group.start * heads, group.stop * heads)
+        grads = run_maybe_compiled(
+            _attention_group_backward,
+            views.uq,
+            rows[group],
+            RowStatistics(*(value[slots] for value in saved)),
+            grad_r[group].flatten(0, 1),
+            grad_u[group].flatten(0, 1),
+            k,
+            elements=pairs,
+        )
+        yield group, grads[:-PAIR_TERMS]
 
 
 class FusedPolarAttention(torch.autograd.Function):
@@ -432,47 +502,27 @@ class FusedPolarAttention(torch.autograd.Function):
         scale: Tensor,
         k: float,
     ) -> tuple[Tensor, Tensor]:
-        batch, heads, n_q, _ = uq.shape
-        rows = AttentionRows(rq, uq, rk, uk, rv, uv, scale, k)
-        pairs = batch * heads * n_q * uk.shape[2]
-        parts = [
-            run_maybe_compiled(_attention_group_forward, uq, rows[group], elements=pairs)
-            for group in _batch_groups(batch, heads * n_q * uk.shape[2])
-        ]
-        lse, sums, v_norm, u_hat, big_s = (torch.cat(part) for part in zip(*parts))  # (B H, N, ...)
-        big_t, big_e = sums[..., 0], sums[..., 1]
-        a_mu = centroid_radius(big_t, big_e, big_s, v_norm, v_norm <= 0)
-        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, lse, big_t, big_e, big_s, v_norm, a_mu, u_hat)
+        saved = _core_forward(HeadViews(rq, uq, rk, uk, rv, uv), scale, k)
+        ctx.save_for_backward(rq, uq, rk, uk, rv, uv, scale, *saved)
         ctx.k = k
-        return (math.sqrt(k) * a_mu).view_as(rq), u_hat.view_as(uq)
+        return (math.sqrt(k) * saved.a_mu).view_as(rq), saved.u_hat.view_as(uq)
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad_r: Tensor, grad_u: Tensor) -> tuple:  # noqa: D102
         rq, uq, rk, uk, rv, uv, scale, *statistics = ctx.saved_tensors
-        saved = RowStatistics(*statistics)
+        views = HeadViews(rq, uq, rk, uk, rv, uv)
         # (under torch.compile the cotangents arrive as views of one packed gradient; the kernels are guarded on
         # strides, so contiguous ones serve eager and compiled models with the same variant)
-        grad_r, grad_u = grad_r.contiguous(), grad_u.contiguous()
-        batch, heads, n_q, _ = uq.shape
-        rows = AttentionRows(rq, uq, rk, uk, rv, uv, scale, ctx.k)
-        parts = []
-        for group in _batch_groups(batch, heads * n_q * uk.shape[2]):
-            slots = slice(group.start * heads, group.stop * heads)
-            group_grads = run_maybe_compiled(
-                _attention_group_backward,
-                uq,
-                rows[group],
-                RowStatistics(*(value[slots] for value in saved)),
-                grad_r[group].flatten(0, 1),
-                grad_u[group].flatten(0, 1),
-                ctx.k,
-                elements=batch * heads * n_q * uk.shape[2],
+        parts = [
+            grads
+            for _, grads in _core_gradients(
+                views, scale, RowStatistics(*statistics), grad_r.contiguous(), grad_u.contiguous(), ctx.k
             )
-            parts.append(group_grads[:-PAIR_TERMS])
+        ]
         grads = [torch.cat(part) for part in zip(*parts)]
-        shaped = [g.view_as(t) for g, t in zip(grads, (rq, uq, rk, uk, rv, uv))]
-        return (*shaped, grads[-1].view(batch, heads).sum(0), None)
+        shaped = [g.view_as(t) for g, t in zip(grads, views)]
+        return (*shaped, grads[-1].view(uq.shape[:2]).sum(0), None)
 
 
 @opaque_to_torch_compile
@@ -482,6 +532,60 @@ def fused_polar_attention(
     """Polar attention (Eq. 9) in one fused function (:class:`FusedPolarAttention`); ``scale`` is an ``(H,)``
     tensor."""
     return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k))
+
+
+def _token_major_views(qk: Tensor, v: Tensor) -> HeadViews:
+    """:class:`HeadViews` of token-major heads: queries and keys side by side ``qk (B, N, 2H, d+1)``, values
+    ``v (B, N, H, d+1)``."""
+    heads = v.shape[2]
+    q, keys, values = (t.transpose(1, 2) for t in (qk[:, :, :heads], qk[:, :, heads:], v))
+    return HeadViews(q[..., 0], q[..., 1:], keys[..., 0], keys[..., 1:], values[..., 0], values[..., 1:])
+
+
+class FusedPolarAttentionHeads(torch.autograd.Function):
+    """:class:`FusedPolarAttention` on the heads as a layer holds them, token-major and packed: queries and keys side
+    by side ``qk (B, N, 2H, d+1)`` (one projection's output, or the position encoding's), values ``v (B, N, H, d+1)``
+    -> heads ``(B, N, H, d+1)``, the layout the heads' concatenation reads.  The same core, group by group; the
+    output and the gradients of ``qk`` and ``v`` are written in their layouts as the groups finish, so no gradient
+    of a radius or direction view, transpose or split is assembled by autograd (zero-filled tensors and
+    concatenations of the whole heads).  Saved: the inputs and the :class:`RowStatistics`."""
+
+    @staticmethod
+    def forward(ctx: Any, qk: Tensor, v: Tensor, scale: Tensor, k: float) -> Tensor:  # noqa: D102
+        views = _token_major_views(qk, v)
+        saved = _core_forward(views, scale, k)
+        batch, tokens, heads, width = v.shape
+        out = v.new_empty(batch, tokens, heads, width)
+        out[..., 0] = (math.sqrt(k) * saved.a_mu).view(batch, heads, tokens).transpose(1, 2)
+        out[..., 1:] = saved.u_hat.view(batch, heads, tokens, width - 1).transpose(1, 2)
+        ctx.save_for_backward(qk, v, scale, *saved)
+        ctx.k = k
+        return out
+
+    @staticmethod
+    @first_order
+    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
+        qk, v, scale, *statistics = ctx.saved_tensors
+        heads = v.shape[2]
+        views = _token_major_views(qk, v)
+        g_qk, g_v = qk.new_empty(qk.shape), v.new_empty(v.shape)
+        targets = [t.transpose(1, 2) for t in (g_qk[:, :, :heads], g_qk[:, :, heads:], g_v)]  # (B, H, N, d+1)
+        targets = [part for t in targets for part in (t[..., 0], t[..., 1:])]
+        grad_heads = grad.transpose(1, 2)
+        grad_r, grad_u = grad_heads[..., 0].contiguous(), grad_heads[..., 1:].contiguous()
+        g_scale = []
+        for group, grads in _core_gradients(views, scale, RowStatistics(*statistics), grad_r, grad_u, ctx.k):
+            for target, value in zip(targets, grads):
+                target[group].copy_(value.view(target[group].shape))
+            g_scale.append(grads[-1])
+        return g_qk, g_v, torch.cat(g_scale).view(-1, heads).sum(0), None
+
+
+@opaque_to_torch_compile
+def fused_polar_attention_heads(qk: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
+    """Polar attention (Eq. 9) of token-major heads ``qk (B, N, 2H, d+1)`` (queries, then keys) and ``v (B, N, H,
+    d+1)`` -> ``(B, N, H, d+1)`` (:class:`FusedPolarAttentionHeads`); ``scale`` is an ``(H,)`` tensor."""
+    return FusedPolarAttentionHeads.apply(qk, v, scale, float(k))
 
 
 # --------------------------------------------------------------------------------------------

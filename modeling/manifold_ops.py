@@ -50,7 +50,7 @@ from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES
 from .cpu_kernels import first_order, leading_columns, recomputed
 from .fused_ambient import AMBIENT_KERNELS, ambient_fc_forward, fused_ambient_fc_output, fused_ambient_gyro_layer_norm
-from .fused_attention import fused_ambient_attention
+from .fused_attention import fused_ambient_attention, fused_polar_attention_heads
 from .fused_gyro_norm import fused_gyro_layer_norm
 from .fused_layers import (
     boost_residual_step,
@@ -224,6 +224,15 @@ class ManifoldOps(ABC):
     ) -> tuple[Tensor, Tensor | None]:
         """Eq. 9 on ``(B, H, N, d+1)`` points with per-head ``scale (H,)``: ``(heads (B, H, N, d+1), probs or
         None)``; ``implementation`` is ``config.polar_attn_implementation`` (``auto`` decided here)."""
+
+    def attention_heads(
+        self, qk: Tensor, v: Tensor, scale: Tensor, implementation: str, return_probs: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`attention` on the heads as a layer holds them, token-major: queries and keys side by side
+        ``qk (B, N, 2H, d+1)``, values ``v (B, N, H, d+1)``; ``(heads (B, N, H, d+1), probs or None)``."""
+        q, keys = qk.chunk(2, dim=-2)
+        heads, probs = self.attention(*(t.transpose(1, 2) for t in (q, keys, v)), scale, implementation, return_probs)
+        return heads.transpose(1, 2), probs
 
     @abstractmethod
     def concat_heads(self, p: Tensor) -> Tensor:
@@ -426,6 +435,16 @@ class FusedPolarOps(_PolarPoints):
 
     def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:
         return fused_reserved_axes_encoding(p, t_rows, t_cols, kind, self.sqrt_k)
+
+    def attention_heads(
+        self, qk: Tensor, v: Tensor, scale: Tensor, implementation: str, return_probs: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The fused core on the token-major heads themselves (:class:`fused_attention.FusedPolarAttentionHeads`:
+        the output and the gradients in the layer's layouts) where the implementation resolves to ``fused``."""
+        impl = select_implementation(implementation, return_probs, v.device, v.shape[1], self.auto_attention)
+        if impl != "fused":
+            return super().attention_heads(qk, v, scale, implementation, return_probs)
+        return fused_polar_attention_heads(qk, v, scale, self.k), None
 
     def concat_heads(self, p: Tensor) -> Tensor:
         """Hand-derived backward from the input and the output (a compiled kernel each way on the CPU)."""

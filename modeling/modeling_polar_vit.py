@@ -193,12 +193,9 @@ class PolarSelfAttention(nn.Module):
             v = ops.beta_split_heads(v, self.num_heads)
         if self.position is not None:  # queries and keys move alike: one call on both, side by side
             qk = self.position(qk, positions, num_prefix, ops)
-        q, k = qk.chunk(2, dim=-2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, d+1)
-        heads, probs = ops.attention(
-            q, k, v, self.scale(p.dtype), self.config.polar_attn_implementation, output_attentions
+        heads, probs = ops.attention_heads(  # (B, N, H, d+1)
+            qk, v, self.scale(p.dtype), self.config.polar_attn_implementation, output_attentions
         )
-        heads = heads.transpose(1, 2)
         merged = ops.beta_concat_heads(heads) if self.beta_heads else ops.concat_heads(heads)  # (B, N, n+1)
         return self.o_proj(merged, ops), probs
 
