@@ -38,6 +38,7 @@ __all__ = [
     "CHORD_PRODUCT_ABOVE",
     "PAIR_TERMS",
     "FusedAmbientAttention",
+    "FusedAmbientAttentionHeads",
     "FusedPolarAttention",
     "FusedPolarAttentionHeads",
     "AmbientScores",
@@ -46,8 +47,10 @@ __all__ = [
     "centroid_row_gradients",
     "chord_operands",
     "fused_ambient_attention",
+    "fused_ambient_attention_heads",
     "fused_polar_attention",
     "fused_polar_attention_heads",
+    "head_major",
     "pair_chords",
     "row_gradients",
     "stationarity_correction",
@@ -534,12 +537,25 @@ def fused_polar_attention(
     return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k))
 
 
-def _token_major_views(qk: Tensor, v: Tensor) -> HeadViews:
-    """:class:`HeadViews` of token-major heads: queries and keys side by side ``qk (B, N, 2H, d+1)``, values
-    ``v (B, N, H, d+1)``."""
+def head_major(qk: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys and values ``(B, H, N, w)`` as views of token-major heads: queries and keys side by side
+    ``qk (B, N, 2H, w)``, values ``v (B, N, H, w)``."""
     heads = v.shape[2]
     q, keys, values = (t.transpose(1, 2) for t in (qk[:, :, :heads], qk[:, :, heads:], v))
+    return q, keys, values
+
+
+def _packed_views(qk: Tensor, v: Tensor) -> HeadViews:
+    """:class:`HeadViews` of token-major packed heads (:func:`head_major`)."""
+    q, keys, values = head_major(qk, v)
     return HeadViews(q[..., 0], q[..., 1:], keys[..., 0], keys[..., 1:], values[..., 0], values[..., 1:])
+
+
+def _write_group(targets: list[Tensor], group: slice, values: tuple[Tensor, ...]) -> None:
+    """Write one group of samples' results ``(G = g H, ...)`` into head-major views ``(B, H, ...)`` of token-major
+    tensors (the place of a concatenation of the groups)."""
+    for target, value in zip(targets, values):
+        target[group].copy_(value.view(target[group].shape))
 
 
 class FusedPolarAttentionHeads(torch.autograd.Function):
@@ -552,12 +568,10 @@ class FusedPolarAttentionHeads(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, qk: Tensor, v: Tensor, scale: Tensor, k: float) -> Tensor:  # noqa: D102
-        views = _token_major_views(qk, v)
-        saved = _core_forward(views, scale, k)
-        batch, tokens, heads, width = v.shape
-        out = v.new_empty(batch, tokens, heads, width)
-        out[..., 0] = (math.sqrt(k) * saved.a_mu).view(batch, heads, tokens).transpose(1, 2)
-        out[..., 1:] = saved.u_hat.view(batch, heads, tokens, width - 1).transpose(1, 2)
+        saved = _core_forward(_packed_views(qk, v), scale, k)
+        out = v.new_empty(v.shape)
+        heads = out.transpose(1, 2)
+        _write_group([heads[..., 0], heads[..., 1:]], slice(None), (math.sqrt(k) * saved.a_mu, saved.u_hat))
         ctx.save_for_backward(qk, v, scale, *saved)
         ctx.k = k
         return out
@@ -566,19 +580,16 @@ class FusedPolarAttentionHeads(torch.autograd.Function):
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         qk, v, scale, *statistics = ctx.saved_tensors
-        heads = v.shape[2]
-        views = _token_major_views(qk, v)
         g_qk, g_v = qk.new_empty(qk.shape), v.new_empty(v.shape)
-        targets = [t.transpose(1, 2) for t in (g_qk[:, :, :heads], g_qk[:, :, heads:], g_v)]  # (B, H, N, d+1)
-        targets = [part for t in targets for part in (t[..., 0], t[..., 1:])]
+        targets = [part for t in head_major(g_qk, g_v) for part in (t[..., 0], t[..., 1:])]
         grad_heads = grad.transpose(1, 2)
         grad_r, grad_u = grad_heads[..., 0].contiguous(), grad_heads[..., 1:].contiguous()
         g_scale = []
+        views = _packed_views(qk, v)
         for group, grads in _core_gradients(views, scale, RowStatistics(*statistics), grad_r, grad_u, ctx.k):
-            for target, value in zip(targets, grads):
-                target[group].copy_(value.view(target[group].shape))
+            _write_group(targets, group, grads)
             g_scale.append(grads[-1])
-        return g_qk, g_v, torch.cat(g_scale).view(-1, heads).sum(0), None
+        return g_qk, g_v, torch.cat(g_scale).view(-1, v.shape[2]).sum(0), None
 
 
 @opaque_to_torch_compile
@@ -639,6 +650,39 @@ def _ambient_group_backward(
     return g_inner @ flip(keys), g_inner.transpose(-1, -2) @ flip(q), probs.transpose(-1, -2) @ g_sums, g_scale
 
 
+def _ambient_core_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float) -> tuple[Tensor, Tensor]:
+    """The forward of :class:`FusedAmbientAttention` on ``(B, H, N, d+1)`` heads (any strides), group by group:
+    ``(lse (B H, N), sums (B H, N, d+1))``."""
+    batch, heads, n_q, _ = q.shape
+    scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
+    pairs = batch * heads * n_q * keys.shape[2]
+    parts = [
+        run_maybe_compiled(
+            _ambient_group_forward, q, *(t[group].flatten(0, 1) for t in (q, keys, v, scales)), k, elements=pairs
+        )
+        for group in _batch_groups(batch, heads * n_q * keys.shape[2])
+    ]
+    lse, sums = (torch.cat(part) for part in zip(*parts))
+    return lse, sums
+
+
+def _ambient_core_gradients(
+    q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, lse: Tensor, sums: Tensor, grad: Tensor, k: float
+) -> Iterator[tuple[slice, tuple[Tensor, ...]]]:
+    """The backward of :class:`FusedAmbientAttention`, group by group: each group of samples with the gradients of
+    its ``(q, keys, v)`` ``(G, N, d+1)`` and the per-slice scale gradient ``(G,)``."""
+    batch, heads, n_q, _ = q.shape
+    scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
+    pairs = batch * heads * n_q * keys.shape[2]
+    for group in _batch_groups(batch, heads * n_q * keys.shape[2]):
+        slots = slice(group.start * heads, group.stop * heads)
+        inputs = (t[group].flatten(0, 1) for t in (q, keys, v, scales))
+        grads = run_maybe_compiled(
+            _ambient_group_backward, q, *inputs, lse[slots], sums[slots], grad[group].flatten(0, 1), k, elements=pairs
+        )
+        yield group, grads
+
+
 class FusedAmbientAttention(torch.autograd.Function):
     r"""Ambient attention (Eq. 9 with the distance of Eq. 1 and the centroid of Eq. 4): the ambient twin's scores,
     softmax and centroid in one function.
@@ -656,21 +700,7 @@ class FusedAmbientAttention(torch.autograd.Function):
     def forward(  # noqa: D102
         ctx: Any, q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float
     ) -> Tensor:
-        batch, heads, n_q, _ = q.shape
-        scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
-        pairs = batch * heads * n_q * keys.shape[2]
-        take = lambda t, group: t[group].flatten(0, 1)  # noqa: E731 - one slicing rule for every input
-        parts = [
-            run_maybe_compiled(
-                _ambient_group_forward,
-                q,
-                *(take(t, group) for t in (q, keys, v, scales)),
-                k,
-                elements=pairs,
-            )
-            for group in _batch_groups(batch, heads * n_q * keys.shape[2])
-        ]
-        lse, sums = (torch.cat(part) for part in zip(*parts))
+        lse, sums = _ambient_core_forward(q, keys, v, scale, k)
         ctx.save_for_backward(q, keys, v, scale, lse, sums)
         ctx.k = k
         return lorentz_normalize(sums, k).view_as(q)
@@ -679,26 +709,9 @@ class FusedAmbientAttention(torch.autograd.Function):
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         q, keys, v, scale, lse, sums = ctx.saved_tensors
-        batch, heads, n_q, _ = q.shape
-        scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
-        parts = []
-        for group in _batch_groups(batch, heads * n_q * keys.shape[2]):
-            slots = slice(group.start * heads, group.stop * heads)
-            inputs = (t[group].flatten(0, 1) for t in (q, keys, v, scales))
-            parts.append(
-                run_maybe_compiled(
-                    _ambient_group_backward,
-                    q,
-                    *inputs,
-                    lse[slots],
-                    sums[slots],
-                    grad[group].flatten(0, 1),
-                    ctx.k,
-                    elements=batch * heads * n_q * keys.shape[2],
-                )
-            )
+        parts = [grads for _, grads in _ambient_core_gradients(q, keys, v, scale, lse, sums, grad, ctx.k)]
         g_q, g_keys, g_v, g_scale = (torch.cat(part) for part in zip(*parts))
-        return g_q.view_as(q), g_keys.view_as(keys), g_v.view_as(v), g_scale.view(batch, heads).sum(0), None
+        return g_q.view_as(q), g_keys.view_as(keys), g_v.view_as(v), g_scale.view(q.shape[:2]).sum(0), None
 
 
 @opaque_to_torch_compile
@@ -706,3 +719,38 @@ def fused_ambient_attention(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k
     """Ambient attention (Eq. 9 in ambient coordinates) of ``(B, H, N, d+1)`` points in one fused function
     (:class:`FusedAmbientAttention`); ``scale`` is an ``(H,)`` tensor."""
     return FusedAmbientAttention.apply(q, keys, v, scale, float(k))
+
+
+class FusedAmbientAttentionHeads(torch.autograd.Function):
+    """:class:`FusedAmbientAttention` on the heads as a layer holds them (as :class:`FusedPolarAttentionHeads`):
+    ``qk (B, N, 2H, d+1)``, ``v (B, N, H, d+1)`` -> heads ``(B, N, H, d+1)``, the output and the gradients of ``qk``
+    and ``v`` written in their layouts.  Saved: the inputs, the log-sum-exp per row and ``s``."""
+
+    @staticmethod
+    def forward(ctx: Any, qk: Tensor, v: Tensor, scale: Tensor, k: float) -> Tensor:  # noqa: D102
+        lse, sums = _ambient_core_forward(*head_major(qk, v), scale, k)
+        out = v.new_empty(v.shape)
+        _write_group([out.transpose(1, 2)], slice(None), (lorentz_normalize(sums, k),))
+        ctx.save_for_backward(qk, v, scale, lse, sums)
+        ctx.k = k
+        return out
+
+    @staticmethod
+    @first_order
+    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
+        qk, v, scale, lse, sums = ctx.saved_tensors
+        g_qk, g_v = qk.new_empty(qk.shape), v.new_empty(v.shape)
+        targets = list(head_major(g_qk, g_v))
+        g_scale = []
+        for group, grads in _ambient_core_gradients(*head_major(qk, v), scale, lse, sums, grad.transpose(1, 2), ctx.k):
+            _write_group(targets, group, grads)
+            g_scale.append(grads[-1])
+        return g_qk, g_v, torch.cat(g_scale).view(-1, v.shape[2]).sum(0), None
+
+
+@opaque_to_torch_compile
+def fused_ambient_attention_heads(qk: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
+    """Ambient attention (Eq. 9 in ambient coordinates) of token-major heads ``qk (B, N, 2H, d+1)`` (queries, then
+    keys) and ``v (B, N, H, d+1)`` -> ``(B, N, H, d+1)`` (:class:`FusedAmbientAttentionHeads`); ``scale`` is an
+    ``(H,)`` tensor."""
+    return FusedAmbientAttentionHeads.apply(qk, v, scale, float(k))

@@ -50,7 +50,12 @@ from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES
 from .cpu_kernels import first_order, leading_columns, recomputed
 from .fused_ambient import AMBIENT_KERNELS, ambient_fc_forward, fused_ambient_fc_output, fused_ambient_gyro_layer_norm
-from .fused_attention import fused_ambient_attention, fused_polar_attention_heads
+from .fused_attention import (
+    fused_ambient_attention,
+    fused_ambient_attention_heads,
+    fused_polar_attention_heads,
+    head_major,
+)
 from .fused_gyro_norm import fused_gyro_layer_norm
 from .fused_layers import (
     boost_residual_step,
@@ -230,8 +235,7 @@ class ManifoldOps(ABC):
     ) -> tuple[Tensor, Tensor | None]:
         """:meth:`attention` on the heads as a layer holds them, token-major: queries and keys side by side
         ``qk (B, N, 2H, d+1)``, values ``v (B, N, H, d+1)``; ``(heads (B, N, H, d+1), probs or None)``."""
-        q, keys = qk.chunk(2, dim=-2)
-        heads, probs = self.attention(*(t.transpose(1, 2) for t in (q, keys, v)), scale, implementation, return_probs)
+        heads, probs = self.attention(*head_major(qk, v), scale, implementation, return_probs)
         return heads.transpose(1, 2), probs
 
     @abstractmethod
@@ -586,6 +590,15 @@ class FusedAmbientOps(AmbientOps):
         if return_probs:
             return super().attention(q, k, v, scale, implementation, return_probs)
         return fused_ambient_attention(q, k, v, scale, self.k), None
+
+    def attention_heads(
+        self, qk: Tensor, v: Tensor, scale: Tensor, implementation: str, return_probs: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The fused core on the token-major heads themselves (:class:`fused_attention.FusedAmbientAttentionHeads`);
+        eager where the probabilities are returned."""
+        if return_probs:
+            return super().attention_heads(qk, v, scale, implementation, return_probs)
+        return fused_ambient_attention_heads(qk, v, scale, self.k), None
 
 
 class SpaceToPoint(torch.autograd.Function):

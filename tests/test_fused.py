@@ -638,6 +638,29 @@ def test_fused_ambient_attention_groups_and_saves_nothing_quadratic():
     assert all(torch.allclose(a, b, rtol=1e-13, atol=1e-15) for a, b in zip(g_one, g_two))
 
 
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 12.0])
+def test_fused_ambient_attention_heads_is_the_fused_core_in_the_layers_layout(rmax):
+    """:class:`FusedAmbientAttentionHeads` on token-major heads (views of one stacked projection): the output and
+    every gradient bit for bit those of :func:`fused_ambient_attention` on the transposed views, over groups whose
+    last one is partial; and gradcheck."""
+    q, k, v, scale = _ambient_points("generic", rmax, batch=3, heads=2, n_q=12, n_k=12)
+    stacked = torch.cat([t.transpose(1, 2) for t in (q, k, v)], dim=-2).requires_grad_(True)
+    qk, values = stacked.split([4, 2], dim=-2)
+    scale = scale.clone().requires_grad_(True)
+    with use_runtime_options(attention_group_elements=2 * 2 * 12 * 12):
+        out = fused_attention.fused_ambient_attention_heads(qk, values, scale, 1.3)
+        reference = fused_ambient_attention(*fused_attention.head_major(qk, values), scale, 1.3).transpose(1, 2)
+    assert out.is_contiguous() and torch.equal(out, reference)
+    weights = torch.randn(out.shape, dtype=F64, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad((out * weights).sum(), (stacked, scale))
+    want = torch.autograd.grad((reference * weights).sum(), (stacked, scale))
+    assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1], rtol=1e-14, atol=0)
+    small = [t.transpose(1, 2) for t in _ambient_points("generic", min(rmax, 4.0), 1, 2, 3, 3, 3, seed=1)[:3]]
+    args = (torch.cat(small[:2], dim=-2).requires_grad_(True), small[2].clone().requires_grad_(True))
+    small_scale = torch.tensor([0.7, 1.1], dtype=F64, requires_grad=True)
+    assert gradcheck(lambda *a: fused_attention.fused_ambient_attention_heads(*a, 1.3), (*args, small_scale))
+
+
 @pytest.mark.parametrize("activation", [None, "gelu"])
 @pytest.mark.parametrize("rule", [True, False])
 def test_ambient_polar_fc_is_the_polar_one_in_ambient_coordinates_and_keeps_no_intermediates(activation, rule):
