@@ -5,7 +5,10 @@ of every ``(batch, head)`` slice without keeping anything of size ``N x M`` for 
 the output and per-row scalars, and its hand-derived backward recomputes the rest.  The samples are processed in
 groups whose ``(head, N, M)`` temporaries stay cache-sized (``attention_group_elements`` of the
 :class:`runtime.RuntimeOptions`), each group by one pure function: a compiled kernel in float32 on the CPU
-(:mod:`cpu_kernels`).
+(:mod:`cpu_kernels`).  :class:`FusedPolarAttentionHeads` runs the same core on the heads as the attention layer
+holds them (token-major and packed, queries and keys side by side) and writes its output and the gradients of its
+inputs in those layouts; :class:`FusedAmbientAttention` and :class:`FusedAmbientAttentionHeads` are the ambient
+twin's.
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
 """
