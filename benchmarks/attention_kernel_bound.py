@@ -63,8 +63,9 @@ def hand_written_call(extension, rows) -> Callable:
 
     from polar_vit_hf.modeling.stable_math import weight_cutoff
 
-    fields = (rows.uq, rows.uk, rows.uv, rows.a, rows.b, rows.sinh_a, rows.sinh_b)
-    values = (rows.sinh_beta, rows.cosh_beta, rows.exp_beta, rows.root_coef.reshape(-1))
+    row = rows.scalars
+    fields = (rows.uq, rows.uk, rows.uv, row.a, row.b, row.sinh_a, row.sinh_b)
+    values = (row.sinh_beta, row.cosh_beta, row.exp_beta, row.root_coef.reshape(-1))
     args = [t.contiguous() for t in (*fields, *values)]
     cutoff = float(weight_cutoff(torch.float32))
     return lambda: shared_outputs(extension.forward(*args, cutoff))
@@ -91,9 +92,10 @@ def compiled_call(rows) -> Callable:
 def relative_errors(outputs, rows) -> list[float]:
     """Largest error of each output against the float64 forward, relative to that output's largest value."""
 
-    from polar_vit_hf.modeling.fused_attention import GroupRows, _attention_group_forward
+    from polar_vit_hf.modeling.cpu_kernels import map_tensors
+    from polar_vit_hf.modeling.fused_attention import _attention_group_forward
 
-    exact = shared_outputs(_attention_group_forward(GroupRows(*(t.double() for t in rows))))
+    exact = shared_outputs(_attention_group_forward(map_tensors(rows, lambda t: t.double())))
     return [float((o.double() - e).abs().max() / e.abs().max()) for o, e in zip(outputs, exact)]
 
 

@@ -105,14 +105,11 @@ def pair_chords(u: Tensor, v_t: Tensor) -> Tensor:
     return out
 
 
-class GroupRows(NamedTuple):
-    """One group of ``G`` contiguous ``(batch, head)`` slices: directions (keys and values also transposed to
-    ``(G, d, M)``), radii over ``sqrt(k)`` (``a`` queries, ``b`` keys, ``beta`` values), their hyperbolic functions,
+class RowScalars(NamedTuple):
+    """The per-slice quantities of :class:`AttentionRows`, all contiguous ``(B, H, ...)`` (a group's ``(G, ...)``):
+    radii over ``sqrt(k)`` (``a`` queries, ``b`` keys, ``beta`` values), their hyperbolic functions, ``e^{-beta}``,
     the per-slice ``scale`` and ``sqrt(4 k scale)``."""
 
-    uq: Tensor
-    uk: Tensor
-    uv: Tensor
     a: Tensor
     b: Tensor
     beta: Tensor
@@ -125,8 +122,18 @@ class GroupRows(NamedTuple):
     exp_beta: Tensor
     scale: Tensor
     root_coef: Tensor
+
+
+class GroupRows(NamedTuple):
+    """One group of ``G`` contiguous ``(batch, head)`` slices: directions (keys and values also transposed to
+    ``(G, d, M)``) and the group's :class:`RowScalars`."""
+
+    uq: Tensor
+    uk: Tensor
+    uv: Tensor
     uk_t: Tensor
     uv_t: Tensor
+    scalars: RowScalars
 
 
 class PairDistances(NamedTuple):
@@ -158,21 +165,23 @@ def scaled_distances(chord: Tensor, rows: GroupRows) -> PairDistances:
     """Eq. 5 for all pairs of a group from their chords: ``c / 2 = s^2 = 1/4 t^2 / (1 + t) + 1/2 sinh a_i sinh b_j
     chord_ij`` with ``t = expm1(|a_i - b_j|)`` (every term non-negative), ``asinh s`` in its non-negative form
     (:func:`stable_math.asinh_nonneg`, spelled with ``addcdiv``) and ``w = sqrt(4 k scale) asinh s`` (Eq. 9)."""
-    diff = rows.a.unsqueeze(-1) - rows.b.unsqueeze(-2)
+    row = rows.scalars
+    diff = row.a.unsqueeze(-1) - row.b.unsqueeze(-2)
     t = torch.expm1(diff.abs())
     s_sq = torch.addcdiv(
-        chord * (0.5 * rows.sinh_b).unsqueeze(-2) * rows.sinh_a.unsqueeze(-1), t * t, 1.0 + t, value=0.25
+        chord * (0.5 * row.sinh_b).unsqueeze(-2) * row.sinh_a.unsqueeze(-1), t * t, 1.0 + t, value=0.25
     )
     root = torch.sqrt(1.0 + s_sq)
     asinh_s = torch.log1p(torch.addcdiv(torch.sqrt(s_sq), s_sq, 1.0 + root))
-    return PairDistances(asinh_s * rows.root_coef, asinh_s, s_sq, root, t, diff)
+    return PairDistances(asinh_s * row.root_coef, asinh_s, s_sq, root, t, diff)
 
 
 def value_operand(rows: GroupRows) -> Tensor:
     """``[cosh beta, e^{-beta}, sinh beta v]`` ``(G, M, d+2)``: the operand of the centroid sums (Eq. 22), built
     inside the group's function (a compiled kernel: no pass of its own)."""
+    row = rows.scalars
     return torch.cat(
-        [rows.cosh_beta.unsqueeze(-1), rows.exp_beta.unsqueeze(-1), rows.uv * rows.sinh_beta.unsqueeze(-1)], dim=-1
+        [row.cosh_beta.unsqueeze(-1), row.exp_beta.unsqueeze(-1), rows.uv * row.sinh_beta.unsqueeze(-1)], dim=-1
     )
 
 
@@ -266,7 +275,7 @@ def _attention_group_forward(rows: GroupRows) -> RowStatistics:
     sums = torch.bmm(probs, value_operand(rows)) / total  # (G, N, d+2): T, E, V
     v_norm = torch.linalg.vector_norm(sums[..., 2:], dim=-1)
     u_hat = safe_normalize(sums[..., 2:], v_norm)
-    weighted = pair_chords(u_hat, rows.uv_t).mul_(probs).mul_(rows.sinh_beta.unsqueeze(-2))
+    weighted = pair_chords(u_hat, rows.uv_t).mul_(probs).mul_(rows.scalars.sinh_beta.unsqueeze(-2))
     total = total.squeeze(-1)
     big_t, big_e, big_s = sums[..., 0], sums[..., 1], weighted.sum(-1) / total
     a_mu = centroid_radius(big_t, big_e, big_s, v_norm, v_norm <= 0)
@@ -292,7 +301,8 @@ def _attention_group_backward(
     evaluates Eq. 5 instead of evaluating ``expm1``, ``sqrt`` and their divisions again in each loop that sums
     them (:data:`PAIR_TERMS`)."""
     uq, uk, uv, u_hat, v_norm = rows.uq, rows.uk, rows.uv, saved.u_hat, saved.v_norm
-    sinh_a, sinh_b, sinh_beta = rows.sinh_a, rows.sinh_b, rows.sinh_beta.unsqueeze(-1)
+    row = rows.scalars
+    sinh_a, sinh_b, sinh_beta = row.sinh_a, row.sinh_b, row.sinh_beta.unsqueeze(-1)
     values = value_operand(rows)
     g_t, g_e, g_v, _ = centroid_row_gradients(
         grad_r, grad_u, saved.big_t, saved.big_e, saved.big_s, v_norm, saved.a_mu, u_hat, k
@@ -316,8 +326,8 @@ def _attention_group_backward(
     pt_gv, pt_gs = pt_g[..., 2 : 2 + uv.shape[-1]], pt_g[..., 2 + uv.shape[-1] :]
     g_beta = (
         sinh_beta.squeeze(-1) * pt_g[..., 0]
-        - rows.exp_beta * pt_g[..., 1]
-        + rows.cosh_beta * ((uv * pt_gv).sum(-1) + chord_terms)
+        - row.exp_beta * pt_g[..., 1]
+        + row.cosh_beta * ((uv * pt_gv).sum(-1) + chord_terms)
     )
     g_uv = sinh_beta * (pt_gv - pt_gs + centred_v * pt_g[..., 1:2])
     # softmax, scores and the scale: score = -scale k D^2, D^2 = 4 asinh(s)^2
@@ -328,8 +338,8 @@ def _attention_group_backward(
     # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
     g_c_sinh_x = g_c * sinh_x
     chord_g = chord.mul_(g_c)  # sums weighted by sinh b_j / sinh a_i (elementwise: matrix-vector bmm is slow)
-    g_a = g_c_sinh_x.sum(-1) + rows.cosh_a * (chord_g * sinh_b.unsqueeze(-2)).sum(-1)
-    g_b = rows.cosh_b * (chord_g * sinh_a.unsqueeze(-1)).sum(-2) - g_c_sinh_x.sum(-2)
+    g_a = g_c_sinh_x.sum(-1) + row.cosh_a * (chord_g * sinh_b.unsqueeze(-2)).sum(-1)
+    g_b = row.cosh_b * (chord_g * sinh_a.unsqueeze(-1)).sum(-2) - g_c_sinh_x.sum(-2)
     k_bar = _centre(uk)
     p_q, q_k = uq - k_bar, uk - k_bar
     # g_chord_ij = g_c_ij sinh a_i sinh b_j, never formed: its sums over j and i as products
@@ -337,7 +347,7 @@ def _attention_group_backward(
     by_query = g_c.transpose(-1, -2) @ torch.cat([sinh_a.unsqueeze(-1), sinh_a.unsqueeze(-1) * p_q], dim=-1)
     g_uq = sinh_a.unsqueeze(-1) * (p_q * by_key[..., :1] - by_key[..., 1:])
     g_uk = sinh_b.unsqueeze(-1) * (q_k * by_query[..., :1] - by_query[..., 1:])
-    c_coef = rows.scale.view(-1, 1) * -k  # dL/dc = -scale k g_c
+    c_coef = row.scale.view(-1, 1) * -k  # dL/dc = -scale k g_c
     sk = math.sqrt(k)
     return (
         g_a * (c_coef / sk),
@@ -359,25 +369,6 @@ def _batch_groups(batch: int, per_sample: int) -> list[slice]:
     """Groups of samples whose ``(head, N, M)`` temporaries stay cache-sized (``per_sample = H N M``)."""
     size = max(1, runtime_options().attention_group_elements // max(1, per_sample))
     return [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
-
-
-class RowScalars(NamedTuple):
-    """The per-slice quantities of :class:`AttentionRows`, all contiguous ``(B, H, ...)``: radii over ``sqrt(k)``
-    (``a`` queries, ``b`` keys, ``beta`` values), their hyperbolic functions, ``e^{-beta}``, the per-slice ``scale``
-    and ``sqrt(4 k scale)``."""
-
-    a: Tensor
-    b: Tensor
-    beta: Tensor
-    sinh_a: Tensor
-    cosh_a: Tensor
-    sinh_b: Tensor
-    cosh_b: Tensor
-    sinh_beta: Tensor
-    cosh_beta: Tensor
-    exp_beta: Tensor
-    scale: Tensor
-    root_coef: Tensor
 
 
 def row_scalars(rq: Tensor, rk: Tensor, rv: Tensor, scale: Tensor, k: float) -> RowScalars:
@@ -413,9 +404,9 @@ class AttentionRows:
             take(self.uq),
             uk,
             uv,
-            *(take(value) for value in self.scalars),
             uk.transpose(-1, -2).contiguous(),
             uv.transpose(-1, -2).contiguous(),
+            RowScalars(*(take(value) for value in self.scalars)),
         )
 
 

@@ -202,7 +202,7 @@ def test_fused_attention_reads_strided_heads_as_the_model_passes_them():
         for name in ("a", "b", "beta", "sinh_a", "cosh_b", "exp_beta", "scale", "root_coef"):
             whole = getattr(rows.scalars, name)
             assert whole.is_contiguous(), name
-            assert getattr(part, name).untyped_storage().data_ptr() == whole.untyped_storage().data_ptr(), name
+            assert getattr(part.scalars, name).untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
     strided = fused_polar_attention(*args)
     dense = fused_polar_attention(*(t.contiguous() for t in args))
     assert all(torch.equal(a, b) for a, b in zip(strided, dense))
@@ -272,7 +272,8 @@ def test_attention_group_backward_returns_the_pair_terms_it_stores(monkeypatch: 
     assert len(calls) == 1 and len(grads) == len(calls[0][1]) - fused_attention.PAIR_TERMS
     rows, out = calls[0]
     sinh_x, slope = out[-fused_attention.PAIR_TERMS :]
-    assert torch.allclose(sinh_x, torch.sinh(rows.a.unsqueeze(-1) - rows.b.unsqueeze(-2)), rtol=1e-13, atol=0)
+    row = rows.scalars
+    assert torch.allclose(sinh_x, torch.sinh(row.a.unsqueeze(-1) - row.b.unsqueeze(-2)), rtol=1e-13, atol=0)
     c = (2.0 * fused_attention.scaled_distances(fused_attention.pair_chords(rows.uq, rows.uk_t), rows).s_sq).detach()
     c.requires_grad_()
     (expected,) = torch.autograd.grad((4.0 * torch.asinh(torch.sqrt(0.5 * c)).square()).sum(), c)
