@@ -365,10 +365,14 @@ def _attention_group_backward(
 # --------------------------------------------------------------------------------------------
 # the autograd Function
 # --------------------------------------------------------------------------------------------
-def _batch_groups(batch: int, per_sample: int) -> list[slice]:
-    """Groups of samples whose ``(head, N, M)`` temporaries stay cache-sized (``per_sample = H N M``)."""
+def _batch_groups(queries: Tensor, keys: Tensor) -> tuple[int, list[slice]]:
+    """``(B H N M, groups)`` for queries ``(B, H, N, ...)`` and keys ``(B, H, M, ...)``: the score elements of the
+    call (what decides its compiled kernels, :func:`cpu_kernels.kernel_use`) and the groups of samples whose
+    ``(H, N, M)`` temporaries stay cache-sized (``attention_group_elements``)."""
+    batch, heads, n_q = queries.shape[:3]
+    per_sample = heads * n_q * keys.shape[2]
     size = max(1, runtime_options().attention_group_elements // max(1, per_sample))
-    return [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
+    return batch * per_sample, [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
 
 
 def row_scalars(rq: Tensor, rk: Tensor, rv: Tensor, scale: Tensor, k: float) -> RowScalars:
@@ -422,21 +426,12 @@ class HeadViews(NamedTuple):
     uv: Tensor
 
 
-def _pairs(views: HeadViews) -> int:
-    """``B H N M``: the score elements of a call (what decides its compiled kernels, :func:`kernel_use`)."""
-    batch, heads, n_q, _ = views.uq.shape
-    return batch * heads * n_q * views.uk.shape[2]
-
-
 def _core_forward(views: HeadViews, scale: Tensor, k: float) -> RowStatistics:
     """The forward of :class:`FusedPolarAttention`, group by group: the :class:`RowStatistics` of every slice
     ``(B H, N, ...)``."""
     rows = AttentionRows(*views, scale, k)
-    pairs = _pairs(views)
-    parts = [
-        run_maybe_compiled(_attention_group_forward, views.uq, rows[group], elements=pairs)
-        for group in _batch_groups(views.uq.shape[0], pairs // views.uq.shape[0])
-    ]
+    pairs, groups = _batch_groups(views.uq, views.uk)
+    parts = [run_maybe_compiled(_attention_group_forward, views.uq, rows[group], elements=pairs) for group in groups]
     return RowStatistics(*(torch.cat(part) for part in zip(*parts)))
 
 
@@ -448,8 +443,8 @@ def _core_gradients(
     cotangents ``grad_r (B, H, N)`` and ``grad_u (B, H, N, d)``."""
     heads = views.uq.shape[1]
     rows = AttentionRows(*views, scale, k)
-    pairs = _pairs(views)
-    for group in _batch_groups(views.uq.shape[0], pairs // views.uq.shape[0]):
+    pairs, groups = _batch_groups(views.uq, views.uk)
+    for group in groups:
         slots = slice(group.start * heads, group.stop * heads)
         grads = run_maybe_compiled(
             _attention_group_backward,
@@ -552,6 +547,23 @@ def _write_group(targets: list[Tensor], group: slice, values: tuple[Tensor, ...]
         target[group].copy_(value.view(target[group].shape))
 
 
+def _token_major_gradients(
+    qk: Tensor, v: Tensor, gradients: Iterator[tuple[slice, tuple[Tensor, ...]]], packed: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(g_qk, g_v, g_scale (H,))`` of a token-major heads Function from its core's gradients group by group
+    (queries', keys', values', then the per-slice scale's), each written in place as its group finishes; ``packed``:
+    each of the three given as a radius part and a direction part (the polar core's)."""
+    g_qk, g_v = qk.new_empty(qk.shape), v.new_empty(v.shape)
+    targets = list(head_major(g_qk, g_v))
+    if packed:
+        targets = [part for t in targets for part in (t[..., 0], t[..., 1:])]
+    g_scale = []
+    for group, grads in gradients:
+        _write_group(targets, group, grads)
+        g_scale.append(grads[-1])
+    return g_qk, g_v, torch.cat(g_scale).view(-1, v.shape[2]).sum(0)
+
+
 class FusedPolarAttentionHeads(torch.autograd.Function):
     """:class:`FusedPolarAttention` on the heads as a layer holds them, token-major and packed: queries and keys side
     by side ``qk (B, N, 2H, d+1)`` (one projection's output, or the position encoding's), values ``v (B, N, H, d+1)``
@@ -574,16 +586,10 @@ class FusedPolarAttentionHeads(torch.autograd.Function):
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         qk, v, scale, *statistics = ctx.saved_tensors
-        g_qk, g_v = qk.new_empty(qk.shape), v.new_empty(v.shape)
-        targets = [part for t in head_major(g_qk, g_v) for part in (t[..., 0], t[..., 1:])]
         grad_heads = grad.transpose(1, 2)
         grad_r, grad_u = grad_heads[..., 0].contiguous(), grad_heads[..., 1:].contiguous()
-        g_scale = []
-        views = _packed_views(qk, v)
-        for group, grads in _core_gradients(views, scale, RowStatistics(*statistics), grad_r, grad_u, ctx.k):
-            _write_group(targets, group, grads)
-            g_scale.append(grads[-1])
-        return g_qk, g_v, torch.cat(g_scale).view(-1, v.shape[2]).sum(0), None
+        gradients = _core_gradients(_packed_views(qk, v), scale, RowStatistics(*statistics), grad_r, grad_u, ctx.k)
+        return *_token_major_gradients(qk, v, gradients, packed=True), None
 
 
 @opaque_to_torch_compile
@@ -647,14 +653,14 @@ def _ambient_group_backward(
 def _ambient_core_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float) -> tuple[Tensor, Tensor]:
     """The forward of :class:`FusedAmbientAttention` on ``(B, H, N, d+1)`` heads (any strides), group by group:
     ``(lse (B H, N), sums (B H, N, d+1))``."""
-    batch, heads, n_q, _ = q.shape
+    batch, heads = q.shape[:2]
     scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
-    pairs = batch * heads * n_q * keys.shape[2]
+    pairs, groups = _batch_groups(q, keys)
     parts = [
         run_maybe_compiled(
             _ambient_group_forward, q, *(t[group].flatten(0, 1) for t in (q, keys, v, scales)), k, elements=pairs
         )
-        for group in _batch_groups(batch, heads * n_q * keys.shape[2])
+        for group in groups
     ]
     lse, sums = (torch.cat(part) for part in zip(*parts))
     return lse, sums
@@ -665,10 +671,10 @@ def _ambient_core_gradients(
 ) -> Iterator[tuple[slice, tuple[Tensor, ...]]]:
     """The backward of :class:`FusedAmbientAttention`, group by group: each group of samples with the gradients of
     its ``(q, keys, v)`` ``(G, N, d+1)`` and the per-slice scale gradient ``(G,)``."""
-    batch, heads, n_q, _ = q.shape
+    batch, heads = q.shape[:2]
     scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
-    pairs = batch * heads * n_q * keys.shape[2]
-    for group in _batch_groups(batch, heads * n_q * keys.shape[2]):
+    pairs, groups = _batch_groups(q, keys)
+    for group in groups:
         slots = slice(group.start * heads, group.stop * heads)
         inputs = (t[group].flatten(0, 1) for t in (q, keys, v, scales))
         grads = run_maybe_compiled(
@@ -733,13 +739,8 @@ class FusedAmbientAttentionHeads(torch.autograd.Function):
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         qk, v, scale, lse, sums = ctx.saved_tensors
-        g_qk, g_v = qk.new_empty(qk.shape), v.new_empty(v.shape)
-        targets = list(head_major(g_qk, g_v))
-        g_scale = []
-        for group, grads in _ambient_core_gradients(*head_major(qk, v), scale, lse, sums, grad.transpose(1, 2), ctx.k):
-            _write_group(targets, group, grads)
-            g_scale.append(grads[-1])
-        return g_qk, g_v, torch.cat(g_scale).view(-1, v.shape[2]).sum(0), None
+        gradients = _ambient_core_gradients(*head_major(qk, v), scale, lse, sums, grad.transpose(1, 2), ctx.k)
+        return *_token_major_gradients(qk, v, gradients, packed=False), None
 
 
 @opaque_to_torch_compile
