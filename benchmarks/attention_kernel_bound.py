@@ -44,7 +44,7 @@ def group_rows(samples: int, heads: int, tokens: int, dim: int, seed: int = 0):
     """A :class:`fused_attention.GroupRows` of random points (radii up to 3) and the model's default scale."""
     import torch
 
-    from polar_vit_hf.modeling.fused_attention import AttentionRows
+    from polar_vit_hf.modeling.fused_attention import AttentionRows, Block
 
     gen = torch.Generator().manual_seed(seed)
 
@@ -54,7 +54,7 @@ def group_rows(samples: int, heads: int, tokens: int, dim: int, seed: int = 0):
 
     (rq, uq), (rk, uk), (rv, uv) = points(), points(), points()
     scale = torch.full((heads,), dim**-0.5)
-    return AttentionRows(rq, uq, rk, uk, rv, uv, scale, 1.0)[slice(0, samples)]
+    return AttentionRows(rq, uq, rk, uk, rv, uv, scale, 1.0)[Block(slice(0, samples))]
 
 
 def hand_written_call(extension, rows) -> Callable:

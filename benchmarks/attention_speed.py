@@ -1,4 +1,4 @@
-"""Polar attention cost: eager vs chunked vs Triton vs Euclidean SDPA, forward + backward.
+"""Polar attention cost: eager vs chunked vs fused vs Triton vs Euclidean SDPA, forward + backward.
 
 Run:  python benchmarks/attention_speed.py [--device cpu|cuda] [--sizes 64 128 ... 4096] [--check]
       python benchmarks/attention_speed.py --sharpness [--repeats 7]
@@ -6,8 +6,10 @@ Run:  python benchmarks/attention_speed.py [--device cpu|cuda] [--sizes 64 128 .
 For each sequence length N and implementation, one forward + backward of the attention core on
 ``(batch, heads, N, head_dim)`` inputs (default 1 x 4 x N x 16 on CPU, 8 x 12 x N x 64 on CUDA)
 is timed (median of ``--repeats`` after a warm-up) and the peak memory of the first (cold) step
-measured: on CUDA with ``torch.cuda.max_memory_allocated``; on CPU as the growth of the sampled
-resident set (``benchmarks/_memory.py``) in a fresh subprocess per measurement.  ``sdpa`` is
+measured: on CUDA with ``torch.cuda.max_memory_allocated``; on CPU as the growth of the resident set
+(``benchmarks/_memory.py``) in a fresh subprocess per measurement, after one shorter call of ``fused`` has loaded
+inductor and its compiled kernels (a once-per-process cost, not the attention's memory).  ``fused`` is the CPU
+model's core (compiled kernels in blocks of cache size).  ``sdpa`` is
 ``torch.nn.functional.scaled_dot_product_attention`` on
 the same shapes (Euclidean yardstick).  ``--check`` first compares the Triton kernels (and the
 chunked path) with the float64 eager reference.  Prints a table and writes ``attention.csv`` and
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-IMPLS = ("eager", "chunked", "triton", "sdpa")
+IMPLS = ("eager", "chunked", "fused", "triton", "sdpa")
 
 
 def make_inputs(batch, heads, n, dim, device, dtype=None, seed=0, rmax=3.0, scale=None):
@@ -69,6 +71,7 @@ def step_fn(impl, inputs):
     return run
 
 
+KERNEL_WARMUP_TOKENS = 128  # a fused call this long runs the compiled kernels (kernel_min_elements pairs at 4 heads)
 EAGER_PAIR_TENSORS = 18  # B x H x N x N float32 tensors eager autograd keeps per attention call (profiled)
 
 
@@ -92,6 +95,8 @@ def measure(impl, batch, heads, n, dim, device, repeats):
     """Median seconds and peak memory (MiB) of one forward + backward."""
     import torch
 
+    if impl == "fused" and device == "cpu":  # load inductor and the core's compiled kernels: once per process
+        step_fn(impl, make_inputs(1, heads, KERNEL_WARMUP_TOKENS, dim, device))()
     inputs = make_inputs(batch, heads, n, dim, device)
     run = step_fn(impl, inputs)
     if device == "cuda":

@@ -300,10 +300,12 @@ def select_implementation(
 ) -> str:
     """The implementation ``polar_attn_implementation`` resolves to.
 
-    ``auto``: eager when attention probabilities are requested, Triton on CUDA (when available), chunked on other
-    devices for sequences of at least ``chunked_min_tokens`` tokens (:class:`runtime.RuntimeOptions`; measured:
-    ``benchmarks/attention_speed.py``), and below that ``fallback`` (the strategy's single-block core: ``fused`` for
-    :class:`manifold_ops.FusedPolarOps`, ``eager`` for the reference).  An explicit choice is kept, except that
+    ``auto``: eager when attention probabilities are requested, Triton on CUDA (when available), ``fallback`` (the
+    strategy's own core: ``fused`` for :class:`manifold_ops.FusedPolarOps`, ``eager`` for the reference) where it
+    is ``fused`` on the CPU (it works in blocks of query rows at long sequences, its memory bounded at any length,
+    and was measured the fastest at every length, 5-8x the chunked core's speed from 1024 tokens:
+    ``benchmarks/attention_speed.py``), else chunked for sequences of at least ``chunked_min_tokens`` tokens
+    (:class:`runtime.RuntimeOptions`) and ``fallback`` below.  An explicit choice is kept, except that
     probabilities always need eager, and so do ``torch.func`` transforms (the eager core is made of transformable
     operators; the others are ``autograd.Function``s with hand-derived backward passes).
     """
@@ -313,7 +315,7 @@ def select_implementation(
         return requested
     if device.type == "cuda" and TRITON_AVAILABLE:
         return "triton"
-    if num_tokens >= runtime_options().chunked_min_tokens:
+    if num_tokens >= runtime_options().chunked_min_tokens and not (device.type == "cpu" and fallback == "fused"):
         return "chunked"
     return fallback
 

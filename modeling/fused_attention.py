@@ -1,14 +1,14 @@
 """The fused polar attention core (Eq. 5, 9, 22, 25): scores, softmax and centroid in one autograd Function.
 
-For sequences that fit one block (all of ViT-Tiny/Small), :class:`FusedPolarAttention` computes the attention
-of every ``(batch, head)`` slice without keeping anything of size ``N x M`` for backward: it saves the inputs,
-the output and per-row scalars, and its hand-derived backward recomputes the rest.  The samples are processed in
-groups whose ``(head, N, M)`` temporaries stay cache-sized (``attention_group_elements`` of the
-:class:`runtime.RuntimeOptions`), each group by one pure function: a compiled kernel in float32 on the CPU
-(:mod:`cpu_kernels`).  :class:`FusedPolarAttentionHeads` runs the same core on the heads as the attention layer
-holds them (token-major and packed, queries and keys side by side) and writes its output and the gradients of its
-inputs in those layouts; :class:`FusedAmbientAttention` and :class:`FusedAmbientAttentionHeads` are the ambient
-twin's.
+:class:`FusedPolarAttention` computes the attention of every ``(batch, head)`` slice without keeping anything of
+size ``N x M`` for backward: it saves the inputs, the output and per-row scalars, and its hand-derived backward
+recomputes the rest.  The slices are processed in blocks whose temporaries stay cache-sized
+(``attention_group_elements`` of the :class:`runtime.RuntimeOptions`; :class:`Block`): groups of samples, or at
+long sequences one sample's heads or one head's query rows, so that its memory is bounded at any length.  Each
+block is computed by one pure function: a compiled kernel in float32 on the CPU (:mod:`cpu_kernels`).
+:class:`FusedPolarAttentionHeads` runs the same core on the heads as the attention layer holds them (token-major
+and packed, queries and keys side by side) and writes its output and the gradients of its inputs in those
+layouts; :class:`FusedAmbientAttention` and :class:`FusedAmbientAttentionHeads` are the ambient twin's.
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
 """
@@ -16,7 +16,7 @@ This module is part of the remote code of exported checkpoints: it imports only 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -365,14 +365,92 @@ def _attention_group_backward(
 # --------------------------------------------------------------------------------------------
 # the autograd Function
 # --------------------------------------------------------------------------------------------
-def _batch_groups(queries: Tensor, keys: Tensor) -> tuple[int, list[slice]]:
-    """``(B H N M, groups)`` for queries ``(B, H, N, ...)`` and keys ``(B, H, M, ...)``: the score elements of the
-    call (what decides its compiled kernels, :func:`cpu_kernels.kernel_use`) and the groups of samples whose
-    ``(H, N, M)`` temporaries stay cache-sized (``attention_group_elements``)."""
+class Block(NamedTuple):
+    """A block of the attention's ``(batch, head)`` slices: samples, heads and query rows, computed by one call of
+    the group functions.  Every block sees all keys; the gradients of keys and values from a block of some of the
+    query rows are its share of their sums over the rows."""
+
+    samples: slice
+    heads: slice = slice(None)
+    rows: slice = slice(None)
+
+    def slices(self, t: Tensor) -> Tensor:
+        """The block's ``(G = g h, ...)`` slices of a per-slice tensor ``(B, H, ...)`` (keys, values, scales)."""
+        return t[self.samples, self.heads].flatten(0, 1)
+
+    def queries(self, t: Tensor) -> Tensor:
+        """The block's ``(G, n, ...)`` query rows of a per-row tensor ``(B, H, N, ...)``."""
+        return t[self.samples, self.heads, self.rows].flatten(0, 1)
+
+    def region(self, t: Tensor, rows: bool) -> Tensor:
+        """The block's place ``(g, h[, n], ...)`` in a head-major tensor ``(B, H, N, ...)``: its query rows
+        (``rows``) or all of its slices' rows (keys, values)."""
+        return t[self.samples, self.heads, self.rows] if rows else t[self.samples, self.heads]
+
+    @property
+    def first(self) -> bool:
+        """Whether the block holds its slices' first query row (it writes their key and value gradients; the
+        blocks of later rows add to them)."""
+        return self.rows.start in (None, 0)
+
+
+def _blocks(queries: Tensor, keys: Tensor) -> tuple[int, list[Block]]:
+    """``(B H N M, blocks)`` for queries ``(B, H, N, ...)`` and keys ``(B, H, M, ...)``: the score elements of the
+    call (what decides its compiled kernels, :func:`cpu_kernels.kernel_use`) and the :class:`Block` s whose ``(G,
+    n, M)`` temporaries stay cache-sized (``attention_group_elements``): groups of whole samples where one sample
+    fits, else groups of one sample's heads, else one slice's query rows in blocks of near-equal size, so that
+    memory stays bounded at any sequence length."""
     batch, heads, n_q = queries.shape[:3]
-    per_sample = heads * n_q * keys.shape[2]
-    size = max(1, runtime_options().attention_group_elements // max(1, per_sample))
-    return batch * per_sample, [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
+    per_head = n_q * keys.shape[2]
+    budget = runtime_options().attention_group_elements
+    pairs = batch * heads * per_head
+    if heads * per_head <= budget:
+        size = budget // max(1, heads * per_head)
+        return pairs, [Block(slice(start, min(start + size, batch))) for start in range(0, batch, size)]
+    samples = [slice(b, b + 1) for b in range(batch)]
+    if per_head <= budget:
+        size = budget // per_head
+        return pairs, [Block(s, slice(h, min(h + size, heads))) for s in samples for h in range(0, heads, size)]
+    rows = -(-n_q // -(-per_head // budget))  # ceil(N / number of row blocks)
+    return pairs, [
+        Block(s, slice(h, h + 1), slice(r, min(r + rows, n_q)))
+        for s in samples
+        for h in range(heads)
+        for r in range(0, n_q, rows)
+    ]
+
+
+def _place_rows(shape: torch.Size, blocks: Iterable[Block], parts: Iterable[tuple[Tensor, ...]]) -> list[Tensor]:
+    """Every block's per-row results ``(G, n, ...)`` in their places in ``(B, H, N, ...)`` tensors (``shape = (B,
+    H, N)``), written as the blocks finish."""
+    outs: list[Tensor] = []
+    for block, part in zip(blocks, parts):
+        outs = outs or [value.new_empty(*shape, *value.shape[2:]) for value in part]
+        for out, value in zip(outs, part):
+            region = block.region(out, rows=True)
+            region.copy_(value.view(region.shape))
+    return outs
+
+
+def _write_gradients(
+    targets: list[Tensor], queries: int, gradients: Iterator[tuple[Block, tuple[Tensor, ...]]]
+) -> Tensor:
+    """Each block's gradients written into head-major ``targets (B, H, ...)``: the first ``queries`` at its query
+    rows, the others (keys', values') over all rows, written by a slice's first row block and added to by the
+    later ones; the block's last gradient is the per-slice scale's ``(G,)``, summed here into ``(H,)``."""
+    g_scale: Tensor | None = None
+    for block, grads in gradients:
+        for index, (target, value) in enumerate(zip(targets, grads)):
+            region = block.region(target, rows=index < queries)
+            if index < queries or block.first:
+                region.copy_(value.view(region.shape))
+            else:
+                region.add_(value.view(region.shape))
+        g_scale = grads[-1].new_zeros(targets[0].shape[:2]) if g_scale is None else g_scale
+        per_slice = block.region(g_scale, rows=False)
+        per_slice.add_(grads[-1].view(per_slice.shape))
+    assert g_scale is not None  # at least one block
+    return g_scale.sum(0)
 
 
 def row_scalars(rq: Tensor, rk: Tensor, rv: Tensor, scale: Tensor, k: float) -> RowScalars:
@@ -380,7 +458,7 @@ def row_scalars(rq: Tensor, rk: Tensor, rv: Tensor, scale: Tensor, k: float) -> 
     ``scale (H,)``: ``score = -(sqrt(4 k scale) asinh s)^2`` (Eq. 9).  One compiled kernel on the CPU in place of a
     dozen eager passes."""
     sk = math.sqrt(k)
-    a, b, beta = (r.contiguous() / sk for r in (rq, rk, rv))  # (B, H, N) contiguous: groups are views
+    a, b, beta = (r.contiguous() / sk for r in (rq, rk, rv))  # (B, H, N) contiguous: blocks are views
     sinh_a, cosh_a = sinh_cosh(a)
     sinh_b, cosh_b = sinh_cosh(b)
     sinh_beta, cosh_beta = sinh_cosh(beta)
@@ -389,10 +467,13 @@ def row_scalars(rq: Tensor, rk: Tensor, rv: Tensor, scale: Tensor, k: float) -> 
     return RowScalars(a, b, beta, sinh_a, cosh_a, sinh_b, cosh_b, sinh_beta, cosh_beta, exp_beta, scale_g, root_coef)
 
 
+QUERY_SCALARS = ("a", "sinh_a", "cosh_a")  # the fields of RowScalars that run over the query rows
+
+
 class AttentionRows:
     """Per-slice quantities of :class:`FusedPolarAttention`, computed once for all ``(batch, head)`` slices
-    (:class:`RowScalars`); the directions are the inputs themselves (views, never copied whole).  ``rows[group]``
-    is a :class:`GroupRows` of ``G = g H`` contiguous slices (strided inputs copied per group, in cache)."""
+    (:class:`RowScalars`); the directions are the inputs themselves (views, never copied whole).  ``rows[block]``
+    is the :class:`GroupRows` of a :class:`Block` (strided inputs copied per block, in cache)."""
 
     def __init__(
         self, rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor, k: float
@@ -401,16 +482,19 @@ class AttentionRows:
         pairs = uq.shape[0] * uq.shape[1] * uq.shape[2] * uk.shape[2]
         self.scalars = run_maybe_compiled(row_scalars, uq, rq, rk, rv, scale, k, elements=pairs)
 
-    def __getitem__(self, group: slice) -> GroupRows:
-        take = lambda t: t[group].flatten(0, 1)  # noqa: E731 - one slicing rule for every field
-        uk, uv = take(self.uk), take(self.uv)
+    def __getitem__(self, block: Block) -> GroupRows:
+        uk, uv = block.slices(self.uk), block.slices(self.uv)
+        scalars = (
+            block.queries(value) if name in QUERY_SCALARS else block.slices(value)
+            for name, value in zip(RowScalars._fields, self.scalars)
+        )
         return GroupRows(
-            take(self.uq),
+            block.queries(self.uq),
             uk,
             uv,
             uk.transpose(-1, -2).contiguous(),
             uv.transpose(-1, -2).contiguous(),
-            RowScalars(*(take(value) for value in self.scalars)),
+            RowScalars(*scalars),
         )
 
 
@@ -427,40 +511,39 @@ class HeadViews(NamedTuple):
 
 
 def _core_forward(views: HeadViews, scale: Tensor, k: float) -> RowStatistics:
-    """The forward of :class:`FusedPolarAttention`, group by group: the :class:`RowStatistics` of every slice
-    ``(B H, N, ...)``."""
+    """The forward of :class:`FusedPolarAttention`, block by block: the :class:`RowStatistics` of every row
+    ``(B, H, N, ...)``."""
     rows = AttentionRows(*views, scale, k)
-    pairs, groups = _batch_groups(views.uq, views.uk)
-    parts = [run_maybe_compiled(_attention_group_forward, views.uq, rows[group], elements=pairs) for group in groups]
-    return RowStatistics(*(torch.cat(part) for part in zip(*parts)))
+    pairs, blocks = _blocks(views.uq, views.uk)
+    parts = (run_maybe_compiled(_attention_group_forward, views.uq, rows[block], elements=pairs) for block in blocks)
+    return RowStatistics(*_place_rows(views.rq.shape, blocks, parts))
 
 
 def _core_gradients(
     views: HeadViews, scale: Tensor, saved: RowStatistics, grad_r: Tensor, grad_u: Tensor, k: float
-) -> Iterator[tuple[slice, tuple[Tensor, ...]]]:
-    """The backward of :class:`FusedPolarAttention`, group by group: each group of samples with the gradients of
-    its ``(rq, uq, rk, uk, rv, uv)`` ``(G, ...)`` and the per-slice scale gradient ``(G,)``, from contiguous
-    cotangents ``grad_r (B, H, N)`` and ``grad_u (B, H, N, d)``."""
-    heads = views.uq.shape[1]
+) -> Iterator[tuple[Block, tuple[Tensor, ...]]]:
+    """The backward of :class:`FusedPolarAttention`, block by block: each :class:`Block` with the gradients of its
+    ``(rq, uq, rk, uk, rv, uv)`` ``(G, ...)`` (of its query rows and, for keys and values, the block's share) and
+    the per-slice scale gradient ``(G,)``, from contiguous cotangents ``grad_r (B, H, N)`` and ``grad_u (B, H, N,
+    d)``."""
     rows = AttentionRows(*views, scale, k)
-    pairs, groups = _batch_groups(views.uq, views.uk)
-    for group in groups:
-        slots = slice(group.start * heads, group.stop * heads)
+    pairs, blocks = _blocks(views.uq, views.uk)
+    for block in blocks:
         grads = run_maybe_compiled(
             _attention_group_backward,
             views.uq,
-            rows[group],
-            RowStatistics(*(value[slots] for value in saved)),
-            grad_r[group].flatten(0, 1),
-            grad_u[group].flatten(0, 1),
+            rows[block],
+            RowStatistics(*(block.queries(value) for value in saved)),
+            block.queries(grad_r),
+            block.queries(grad_u),
             k,
             elements=pairs,
         )
-        yield group, grads[:-PAIR_TERMS]
+        yield block, grads[:-PAIR_TERMS]
 
 
 class FusedPolarAttention(torch.autograd.Function):
-    r"""Polar attention for sequences that fit one block: scores, softmax and centroid in one function.
+    r"""Polar attention: scores, softmax and centroid in one function, block by block (:class:`Block`).
 
     Forward (per batch and head; queries ``(a_i, q_i)``, keys ``(b_j, k_j)``, values ``(beta_j, v_j)``, radii
     divided by ``sqrt(k)``):
@@ -506,15 +589,11 @@ class FusedPolarAttention(torch.autograd.Function):
         views = HeadViews(rq, uq, rk, uk, rv, uv)
         # (under torch.compile the cotangents arrive as views of one packed gradient; the kernels are guarded on
         # strides, so contiguous ones serve eager and compiled models with the same variant)
-        parts = [
-            grads
-            for _, grads in _core_gradients(
-                views, scale, RowStatistics(*statistics), grad_r.contiguous(), grad_u.contiguous(), ctx.k
-            )
-        ]
-        grads = [torch.cat(part) for part in zip(*parts)]
-        shaped = [g.view_as(t) for g, t in zip(grads, views)]
-        return (*shaped, grads[-1].view(uq.shape[:2]).sum(0), None)
+        grads = [t.new_empty(t.shape) for t in views]
+        gradients = _core_gradients(
+            views, scale, RowStatistics(*statistics), grad_r.contiguous(), grad_u.contiguous(), ctx.k
+        )
+        return (*grads, _write_gradients(grads, 2, gradients), None)
 
 
 @opaque_to_torch_compile
@@ -540,35 +619,25 @@ def _packed_views(qk: Tensor, v: Tensor) -> HeadViews:
     return HeadViews(q[..., 0], q[..., 1:], keys[..., 0], keys[..., 1:], values[..., 0], values[..., 1:])
 
 
-def _write_group(targets: list[Tensor], group: slice, values: tuple[Tensor, ...]) -> None:
-    """Write one group of samples' results ``(G = g H, ...)`` into head-major views ``(B, H, ...)`` of token-major
-    tensors (the place of a concatenation of the groups)."""
-    for target, value in zip(targets, values):
-        target[group].copy_(value.view(target[group].shape))
-
-
 def _token_major_gradients(
-    qk: Tensor, v: Tensor, gradients: Iterator[tuple[slice, tuple[Tensor, ...]]], packed: bool
+    qk: Tensor, v: Tensor, gradients: Iterator[tuple[Block, tuple[Tensor, ...]]], packed: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(g_qk, g_v, g_scale (H,))`` of a token-major heads Function from its core's gradients group by group
-    (queries', keys', values', then the per-slice scale's), each written in place as its group finishes; ``packed``:
-    each of the three given as a radius part and a direction part (the polar core's)."""
+    """``(g_qk, g_v, g_scale (H,))`` of a token-major heads Function from its core's gradients block by block
+    (queries', keys', values', then the per-slice scale's), each written in place as its block finishes
+    (:func:`_write_gradients`); ``packed``: each of the three given as a radius part and a direction part (the polar
+    core's)."""
     g_qk, g_v = qk.new_empty(qk.shape), v.new_empty(v.shape)
     targets = list(head_major(g_qk, g_v))
     if packed:
         targets = [part for t in targets for part in (t[..., 0], t[..., 1:])]
-    g_scale = []
-    for group, grads in gradients:
-        _write_group(targets, group, grads)
-        g_scale.append(grads[-1])
-    return g_qk, g_v, torch.cat(g_scale).view(-1, v.shape[2]).sum(0)
+    return g_qk, g_v, _write_gradients(targets, 2 if packed else 1, gradients)
 
 
 class FusedPolarAttentionHeads(torch.autograd.Function):
     """:class:`FusedPolarAttention` on the heads as a layer holds them, token-major and packed: queries and keys side
     by side ``qk (B, N, 2H, d+1)`` (one projection's output, or the position encoding's), values ``v (B, N, H, d+1)``
-    -> heads ``(B, N, H, d+1)``, the layout the heads' concatenation reads.  The same core, group by group; the
-    output and the gradients of ``qk`` and ``v`` are written in their layouts as the groups finish, so no gradient
+    -> heads ``(B, N, H, d+1)``, the layout the heads' concatenation reads.  The same core, block by block; the
+    output and the gradients of ``qk`` and ``v`` are written in their layouts as the blocks finish, so no gradient
     of a radius or direction view, transpose or split is assembled by autograd (zero-filled tensors and
     concatenations of the whole heads).  Saved: the inputs and the :class:`RowStatistics`."""
 
@@ -577,7 +646,8 @@ class FusedPolarAttentionHeads(torch.autograd.Function):
         saved = _core_forward(_packed_views(qk, v), scale, k)
         out = v.new_empty(v.shape)
         heads = out.transpose(1, 2)
-        _write_group([heads[..., 0], heads[..., 1:]], slice(None), (math.sqrt(k) * saved.a_mu, saved.u_hat))
+        heads[..., 0].copy_(math.sqrt(k) * saved.a_mu)
+        heads[..., 1:].copy_(saved.u_hat)
         ctx.save_for_backward(qk, v, scale, *saved)
         ctx.k = k
         return out
@@ -651,36 +721,40 @@ def _ambient_group_backward(
 
 
 def _ambient_core_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float) -> tuple[Tensor, Tensor]:
-    """The forward of :class:`FusedAmbientAttention` on ``(B, H, N, d+1)`` heads (any strides), group by group:
-    ``(lse (B H, N), sums (B H, N, d+1))``."""
+    """The forward of :class:`FusedAmbientAttention` on ``(B, H, N, d+1)`` heads (any strides), block by block:
+    ``(lse (B, H, N), sums (B, H, N, d+1))``."""
     batch, heads = q.shape[:2]
     scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
-    pairs, groups = _batch_groups(q, keys)
-    parts = [
+    pairs, blocks = _blocks(q, keys)
+    parts = (
         run_maybe_compiled(
-            _ambient_group_forward, q, *(t[group].flatten(0, 1) for t in (q, keys, v, scales)), k, elements=pairs
+            _ambient_group_forward,
+            q,
+            block.queries(q),
+            *(block.slices(t) for t in (keys, v, scales)),
+            k,
+            elements=pairs,
         )
-        for group in groups
-    ]
-    lse, sums = (torch.cat(part) for part in zip(*parts))
+        for block in blocks
+    )
+    lse, sums = _place_rows(q.shape[:3], blocks, parts)
     return lse, sums
 
 
 def _ambient_core_gradients(
     q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, lse: Tensor, sums: Tensor, grad: Tensor, k: float
-) -> Iterator[tuple[slice, tuple[Tensor, ...]]]:
-    """The backward of :class:`FusedAmbientAttention`, group by group: each group of samples with the gradients of
-    its ``(q, keys, v)`` ``(G, N, d+1)`` and the per-slice scale gradient ``(G,)``."""
+) -> Iterator[tuple[Block, tuple[Tensor, ...]]]:
+    """The backward of :class:`FusedAmbientAttention`, block by block: each :class:`Block` with the gradients of its
+    ``(q, keys, v)`` ``(G, ...)`` (of its query rows and, for keys and values, the block's share) and the
+    per-slice scale gradient ``(G,)``."""
     batch, heads = q.shape[:2]
     scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
-    pairs, groups = _batch_groups(q, keys)
-    for group in groups:
-        slots = slice(group.start * heads, group.stop * heads)
-        inputs = (t[group].flatten(0, 1) for t in (q, keys, v, scales))
-        grads = run_maybe_compiled(
-            _ambient_group_backward, q, *inputs, lse[slots], sums[slots], grad[group].flatten(0, 1), k, elements=pairs
-        )
-        yield group, grads
+    pairs, blocks = _blocks(q, keys)
+    for block in blocks:
+        rows = (block.queries(t) for t in (lse, sums, grad))
+        inputs = (block.queries(q), *(block.slices(t) for t in (keys, v, scales)))
+        grads = run_maybe_compiled(_ambient_group_backward, q, *inputs, *rows, k, elements=pairs)
+        yield block, grads
 
 
 class FusedAmbientAttention(torch.autograd.Function):
@@ -709,9 +783,9 @@ class FusedAmbientAttention(torch.autograd.Function):
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         q, keys, v, scale, lse, sums = ctx.saved_tensors
-        parts = [grads for _, grads in _ambient_core_gradients(q, keys, v, scale, lse, sums, grad, ctx.k)]
-        g_q, g_keys, g_v, g_scale = (torch.cat(part) for part in zip(*parts))
-        return g_q.view_as(q), g_keys.view_as(keys), g_v.view_as(v), g_scale.view(q.shape[:2]).sum(0), None
+        grads = [t.new_empty(t.shape) for t in (q, keys, v)]
+        g_scale = _write_gradients(grads, 1, _ambient_core_gradients(q, keys, v, scale, lse, sums, grad, ctx.k))
+        return *grads, g_scale, None
 
 
 @opaque_to_torch_compile
@@ -730,7 +804,7 @@ class FusedAmbientAttentionHeads(torch.autograd.Function):
     def forward(ctx: Any, qk: Tensor, v: Tensor, scale: Tensor, k: float) -> Tensor:  # noqa: D102
         lse, sums = _ambient_core_forward(*head_major(qk, v), scale, k)
         out = v.new_empty(v.shape)
-        _write_group([out.transpose(1, 2)], slice(None), (lorentz_normalize(sums, k),))
+        out.transpose(1, 2).copy_(lorentz_normalize(sums, k))
         ctx.save_for_backward(qk, v, scale, lse, sums)
         ctx.k = k
         return out

@@ -44,10 +44,12 @@ class RuntimeOptions:
             tensor (``benchmarks/step_time.py``: the kernels win at every tiny-cifar batch from 8 to 128 once their
             compiled variants load from the kernel cache; below this size - the ``demo`` preset - a short run
             never wins back the first compile, minutes on 2 cores).
-        attention_group_elements: ``H x N x M`` score elements per group of samples in the fused attention
-            core (cache-sized temporaries).
-        chunked_min_tokens: ``polar_attn_implementation="auto"`` on the CPU uses the chunked core from this
-            many tokens (:func:`attention.select_implementation`).
+        attention_group_elements: score elements per block of the fused attention core (cache-sized
+            temporaries): groups of whole samples (``H x N x M`` each), else of one sample's heads, else blocks of
+            one slice's query rows (long sequences).
+        chunked_min_tokens: ``polar_attn_implementation="auto"`` uses the chunked core from this many tokens
+            where the model's own core is not the fused one (the reference layers; CUDA without Triton)
+            (:func:`attention.select_implementation`).
         input_checks: the public geometry functions scan CPU inputs for NaN/Inf; the model checks its input
             once at the edge and runs its layers without these scans.
         kernels_at_hand: a call below ``kernel_min_elements`` runs a compiled variant already at hand (loaded, or

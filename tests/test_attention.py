@@ -134,6 +134,7 @@ def test_select_implementation():
     assert select_implementation("auto", True, cuda, 4096) == "eager"
     assert select_implementation("auto", False, cpu, runtime_options().chunked_min_tokens) == "chunked"
     assert select_implementation("auto", False, cpu, 64, "fused") == "fused"
+    assert select_implementation("auto", False, cpu, 4 * runtime_options().chunked_min_tokens, "fused") == "fused"
     assert select_implementation("auto", False, cpu, 64) == "eager"
     assert select_implementation("chunked", False, cpu, 64) == "chunked"
     assert select_implementation("chunked", True, cpu, 64) == "eager"

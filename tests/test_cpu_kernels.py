@@ -177,6 +177,27 @@ def test_attention_kernels_match_eager_and_float64(kernels_on, case, rmax):
     assert really_compiled(FA._attention_group_forward, FA._attention_group_backward)
 
 
+@pytest.mark.parametrize("ambient", [False, True])
+def test_attention_kernels_in_row_blocks_match_eager_and_float64(kernels_on, ambient):
+    """Long sequences: each slice's query rows in blocks (6 and 5 of 11 rows), the keys' and values' gradients
+    summed over the blocks, as compiled kernels against eager and float64."""
+    rq, uq, rk, uk, rv, uv, scale = make_inputs(batch=2, heads=2, n_q=11, n_k=13, dim=8, rmax=2.0)
+    if ambient:
+        points = [P.geometry.to_ambient(r.double(), u.double()).float() for r, u in ((rq, uq), (rk, uk), (rv, uv))]
+        args, fn = (*points, scale), lambda *a: FA.fused_ambient_attention(*a, 0.8)
+    else:
+        args = (rq, uq, rk, uk, rv, uv, scale)
+
+        def fn(*a):
+            r, u = FA.fused_polar_attention(*a, 0.8)
+            return torch.cat([r.unsqueeze(-1), u], dim=-1)
+
+    with use_runtime_options(attention_group_elements=6 * 13):  # 143 pairs per slice: rows in blocks of 6 and 5
+        check_kernels(fn, *args, joint_scale=ambient)
+    polar = (FA._attention_group_forward, FA._attention_group_backward)
+    assert really_compiled(*((FA._ambient_group_forward, FA._ambient_group_backward) if ambient else polar))
+
+
 @pytest.mark.parametrize("case", ["generic", "identical", "dominant"])
 @pytest.mark.parametrize("rmax", [0.5, 2.0, 4.0])
 def test_ambient_attention_kernels_match_eager_and_float64(kernels_on, case, rmax):

@@ -106,7 +106,8 @@ def test_fused_attention_matches_float64_reference(case, rmax):
 
 
 class SubnormalResults(TorchDispatchMode):
-    """Records every operator whose float32 result holds a subnormal number (``0 < |x| < tiny``)."""
+    """Records every operator whose float32 result holds a subnormal number (``0 < |x| < tiny``); allocations
+    (``empty``, ``new_empty``: memory not yet written, computed by nothing) and views of tensors are not results."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -114,6 +115,8 @@ class SubnormalResults(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         out = func(*args, **(kwargs or {}))
+        if func.is_view or func.__name__.split(".")[0] in ("empty", "new_empty", "empty_like", "empty_strided"):
+            return out
         tiny = torch.finfo(torch.float32).tiny
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel():
@@ -187,6 +190,65 @@ def test_fused_attention_groups_and_saves_nothing_quadratic(monkeypatch):
     assert all(torch.allclose(a, b, rtol=1e-13, atol=1e-15) for a, b in zip(g_one, g_two))
 
 
+# budgets of score elements per block (attention_group_elements) for 3 samples x 2 heads x 12 x 12 pairs: groups of
+# samples, one sample's single heads, and query rows in blocks (144 pairs per slice: 3 blocks of 4 rows at 50)
+BLOCK_BUDGETS = {"samples": 2 * 2 * 12 * 12, "heads": 12 * 12, "rows": 50}
+
+
+@pytest.mark.parametrize("budget", list(BLOCK_BUDGETS))
+def test_attention_blocks_cover_every_row_once_within_the_budget(budget):
+    """The blocks of :func:`fused_attention._blocks` hold every ``(sample, head, query row)`` exactly once, all keys,
+    at most the budget's score elements where one query row fits it, and row blocks of near-equal size."""
+    queries, keys = torch.empty(3, 2, 12, 1), torch.empty(3, 2, 12, 1)
+    with use_runtime_options(attention_group_elements=BLOCK_BUDGETS[budget]):
+        pairs, blocks = fused_attention._blocks(queries, keys)
+    covered = torch.zeros(3, 2, 12, dtype=torch.int64)
+    for block in blocks:
+        block.region(covered, rows=True).add_(1)
+        assert block.slices(keys).shape[1] == 12 and block.queries(queries).numel() * 12 <= BLOCK_BUDGETS[budget]
+    assert pairs == 3 * 2 * 12 * 12 and bool((covered == 1).all())
+    sizes = {block.queries(queries).shape[1] for block in blocks}
+    assert sizes == ({4} if budget == "rows" else {12})
+    assert len(blocks) == {"samples": 2, "heads": 6, "rows": 18}[budget]
+
+
+@pytest.mark.parametrize("budget", ["heads", "rows"])
+@pytest.mark.parametrize("ambient", [False, True])
+def test_fused_attention_in_blocks_of_heads_and_rows_is_the_whole_core(budget, ambient):
+    """Blocks of single heads and of query rows (long sequences: memory bounded at any length) give the result of
+    groups of samples; the keys' and values' gradients, summed over the row blocks, agree to rounding; gradcheck
+    through row blocks, the token-major heads Function too."""
+    stored = make_inputs(batch=3, heads=2, n_q=12, n_k=12, dim=8, rmax=4.0)
+    if ambient:
+        *points, scale = _ambient_points("generic", 4.0, batch=3, heads=2, n_q=12, n_k=12, dim=8)
+        args = [t.requires_grad_(True) for t in (*points, scale)]
+        attention, heads_function = fused_ambient_attention, fused_attention.fused_ambient_attention_heads
+    else:
+        args = [t.double().requires_grad_(True) for t in stored]
+        attention, heads_function = fused_polar_attention, fused_attention.fused_polar_attention_heads
+
+    def loss(outputs):
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        return sum((t * torch.linspace(-1, 1, t.numel(), dtype=F64).view_as(t)).sum() for t in outputs)
+
+    one = attention(*args)
+    g_one = torch.autograd.grad(loss(one), args)
+    with use_runtime_options(attention_group_elements=BLOCK_BUDGETS[budget]):
+        two = attention(*args)
+        g_two = torch.autograd.grad(loss(two), args)
+    one, two = (t if isinstance(t, tuple) else (t,) for t in (one, two))
+    assert all(torch.allclose(a, b, rtol=1e-14, atol=1e-15) for a, b in zip(one, two))
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-14) for a, b in zip(g_one, g_two))
+    small = [t.detach()[:1, :, :5].clone().requires_grad_(True) for t in args[:-1]]
+    small_scale = args[-1].detach().clone().requires_grad_(True)
+    with use_runtime_options(attention_group_elements=2 * 5):  # 2 query rows per block, the last one alone
+        assert gradcheck(lambda *a: attention(*a, 1.3), (*small, small_scale))
+        points = small if ambient else [torch.cat([r.unsqueeze(-1), u], -1) for r, u in zip(small[::2], small[1::2])]
+        qk = torch.cat([t.transpose(1, 2) for t in points[:2]], dim=-2).detach().requires_grad_(True)
+        v = points[2].transpose(1, 2).detach().requires_grad_(True)
+        assert gradcheck(lambda *a: heads_function(*a, 1.3), (qk, v, small_scale))
+
+
 def test_fused_attention_reads_strided_heads_as_the_model_passes_them():
     """Heads as the model passes them (views of the stacked projection, heads transposed): the same results as
     contiguous inputs, and every group's per-row quantities are views of tensors gathered once for all groups."""
@@ -198,7 +260,7 @@ def test_fused_attention_reads_strided_heads_as_the_model_passes_them():
     args = [q[..., 0], q[..., 1:], k[..., 0], k[..., 1:], v[..., 0], v[..., 1:], torch.tensor([0.7, 1.1], dtype=F64)]
     rows = AttentionRows(*args, 1.0)
     for group in (slice(0, 2), slice(2, 3)):
-        part = rows[group]
+        part = rows[fused_attention.Block(group)]
         for name in ("a", "b", "beta", "sinh_a", "cosh_b", "exp_beta", "scale", "root_coef"):
             whole = getattr(rows.scalars, name)
             assert whole.is_contiguous(), name

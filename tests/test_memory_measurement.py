@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import mmap
+import subprocess
+import sys
 
 import torch
 
@@ -36,3 +38,18 @@ def test_peak_rss_growth_sees_the_pages_a_block_touches():
             block[offset] = 1
     assert 60.0 < growth.mib
     block.close()
+
+
+def test_peak_rss_growth_counts_a_peak_the_sampling_thread_cannot_see():
+    """A peak reached and released inside one call that holds the GIL (as a compiled kernel's call may): the
+    sampling thread does not run during it, and the process's high-water mark counts it (a fresh process, whose
+    high-water mark no earlier test raised)."""
+    code = (
+        "from polar_vit_hf.benchmarks._memory import peak_rss_growth\n"
+        "with peak_rss_growth() as growth:\n"
+        "    transient = b'\\x01' * (256 * 2**20)\n"  # written and freed while the GIL is held
+        "    del transient\n"
+        "print(growth.mib)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert 250.0 < float(done.stdout.strip().splitlines()[-1]) < 300.0
