@@ -5,7 +5,8 @@
 growth over the resident set just before it started: everything the process maps for the block, code it imports
 and compiled kernel libraries it loads included.  The sampling thread needs the GIL, which torch's operators
 release and a compiled kernel's call may hold for its whole run: where the process-wide peak rose during the
-block, the block reached it, and that peak counts too.
+block, the block reached it, and that peak counts too (on Linux a process starts at the mark of the process that
+started it, so only peaks above that one show there).
 :func:`peak_tensor_growth` counts tensors only, the CPU counterpart of CUDA's ``max_memory_allocated``: the peak of
 the bytes allocated inside the block and not yet freed, from the profiler's allocation events.
 """

@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from polar_vit_hf.benchmarks import _memory
 from polar_vit_hf.benchmarks._memory import MemoryGrowth, peak_rss_growth, peak_tensor_growth
 
 MIB = 2**20 // 4  # float32 elements per MiB
@@ -42,14 +43,20 @@ def test_peak_rss_growth_sees_the_pages_a_block_touches():
 
 def test_peak_rss_growth_counts_a_peak_the_sampling_thread_cannot_see():
     """A peak reached and released inside one call that holds the GIL (as a compiled kernel's call may): the
-    sampling thread does not run during it, and the process's high-water mark counts it (a fresh process, whose
-    high-water mark no earlier test raised)."""
+    sampling thread does not run during it, and the process's high-water mark counts it (a fresh bare Python
+    process that loads only the module, started by another small one: no earlier test, import or parent raised
+    its high-water mark)."""
     code = (
-        "from polar_vit_hf.benchmarks._memory import peak_rss_growth\n"
-        "with peak_rss_growth() as growth:\n"
+        "import importlib.util\nimport sys\n"
+        f"spec = importlib.util.spec_from_file_location('memory', {_memory.__file__!r})\n"
+        "memory = sys.modules['memory'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(memory)\n"
+        "with memory.peak_rss_growth() as growth:\n"
         "    transient = b'\\x01' * (256 * 2**20)\n"  # written and freed while the GIL is held
         "    del transient\n"
         "print(growth.mib)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # run by a small Python process: on Linux a process started by a large one inherits its high-water mark
+    outer = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {code!r}], check=True)"
+    done = subprocess.run([sys.executable, "-c", outer], capture_output=True, text=True, check=True)
     assert 250.0 < float(done.stdout.strip().splitlines()[-1]) < 300.0
