@@ -1,7 +1,7 @@
 """Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
 
-Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--batch 128] [--repeats 5] [--compile] [--device cuda]
-          [--cuda-graph]
+Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--image_size 128] [--batch 128] [--repeats 5]
+          [--compile] [--device cuda] [--cuda-graph]
           [--models euclidean ambient ambient-reference polar-reference polar polar-chunked] [--interleave]
           [--autocast bf16] [--inference]
           [--models ... hypercore hexformer --hypercore DIR --hexformer DIR] [--base REV]
@@ -87,7 +87,7 @@ LABELS = {
 
 PEERS = ("hypercore", "hexformer")  # the public Lorentz ViTs (benchmarks/peers.py): never timed from --base
 BASE = "@base"  # suffix of a model timed from the --base source tree
-CSV_FIELDS = ("params", "median_s", "peak_growth_mib", "peak_tensor_mib", "saved_mib", "first_step_s")
+CSV_FIELDS = ("params", "tokens", "median_s", "peak_growth_mib", "peak_tensor_mib", "saved_mib", "first_step_s")
 PACKAGE_FOLDERS = ("modeling", "training", "conversion", "benchmarks")  # mapped into polar_vit_hf (setup.cfg)
 
 
@@ -160,6 +160,7 @@ def worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     config = P.PolarViTConfig.from_preset(args.preset, num_labels=100)
+    config.image_size = args.image_size or config.image_size  # the patch grid, so the tokens: long sequences
     name = args.model.removesuffix("-compiled")
     if name == "euclidean":
         model = euclidean_vit(config)
@@ -233,6 +234,7 @@ def worker(args: argparse.Namespace) -> None:
                 "peak_tensor_mib": tensors.mib,
                 "saved_mib": saved / 2**20,
                 "params": sum(p.numel() for p in model.parameters()),
+                "tokens": config.num_patches,  # patches per image, the same grid for every model
                 "first_step_s": first_step_s,
                 "source": str(Path(P.modeling.__file__).resolve().parent.parent),
             }
@@ -334,6 +336,9 @@ def parser() -> argparse.ArgumentParser:
     """The command line (shared with ``benchmarks/peers.py``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny-cifar")
+    parser.add_argument(
+        "--image_size", type=int, help="images of this size instead of the preset's (more patches: longer sequences)"
+    )
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="steps before timing (at least 1)")
@@ -443,6 +448,7 @@ def worker_command(args: argparse.Namespace, name: str) -> list[str]:
     """The command line of the subprocess that times ``name`` (a ``--base`` twin: from the base source tree)."""
     model = name.removesuffix(BASE)
     line = [sys.executable, __file__, "--model", model, "--preset", args.preset, "--batch", str(args.batch)]
+    line += ["--image_size", str(args.image_size)] if args.image_size else []
     line += ["--source", str(args.source_tree)] if name.endswith(BASE) else []
     line += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     line += ["--device", args.device, "--round_warmup", str(args.round_warmup), "--autocast", args.autocast]
@@ -486,7 +492,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
     """Print the table: time, peak memory and saved bytes, each with its ratio to the ViT."""
     where = f"{args.threads} CPU threads" if args.device == "cpu" else "CUDA"
     print(
-        f"\n{args.preset}, batch {args.batch}, "
+        f"\n{args.preset}{f' at {args.image_size} px' if args.image_size else ''}, batch {args.batch}, "
         f"{'inference (eval, no_grad)' if args.inference else 'forward + backward'}, {where}, "
         f"{'compiled' if args.compile else 'eager'}{', CUDA graph' if args.cuda_graph else ''}, "
         f"median of {args.repeats}" + ("" if args.autocast == "none" else f", under torch.autocast({args.autocast})")

@@ -28,12 +28,15 @@ def test_interleaved_step_time_reports_paired_ratios_memory_and_saved_bytes(tmp_
             "--threads",
             "1",
             "--interleave",
+            "--image_size",
+            "16",  # 16 patches: every worker builds the models at the size asked for
             "--out",
             str(tmp_path),
         ]
     )
     assert code == 0
     out = capsys.readouterr().out
+    assert "tiny-cifar at 16 px, batch 2" in out
     rows = {line.split("  ")[0]: line for line in out.splitlines() if line.startswith(("Euclidean", "Polar-ViT"))}
     assert set(rows) == {"Euclidean ViT (transformers)", "Polar-ViT, polar, fused (default)"}
     assert re.search(r"ms\s+1\.00x", rows["Euclidean ViT (transformers)"])
@@ -48,6 +51,7 @@ def test_interleaved_step_time_reports_paired_ratios_memory_and_saved_bytes(tmp_
     with open(tmp_path / "step_time.csv") as handle:
         table = {row["model"]: row for row in csv.DictReader(handle)}
     assert set(table) == {"euclidean", "polar"}
+    assert all(row["tokens"] == "16" for row in table.values())
     assert all(float(row["saved_mib"]) > 0 and float(row["median_s"]) > 0 for row in table.values())
     # a step's live tensors include what it saves for backward
     assert all(float(row["peak_tensor_mib"]) >= float(row["saved_mib"]) for row in table.values())
