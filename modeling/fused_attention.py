@@ -45,6 +45,7 @@ __all__ = [
     "FusedPolarAttention",
     "FusedPolarAttentionHeads",
     "AmbientScores",
+    "Block",
     "CentredValues",
     "ambient_scores",
     "centroid_row_gradients",
@@ -396,10 +397,10 @@ class Block(NamedTuple):
 
 def _blocks(queries: Tensor, keys: Tensor) -> tuple[int, list[Block]]:
     """``(B H N M, blocks)`` for queries ``(B, H, N, ...)`` and keys ``(B, H, M, ...)``: the score elements of the
-    call (what decides its compiled kernels, :func:`cpu_kernels.kernel_use`) and the :class:`Block` s whose ``(G,
-    n, M)`` temporaries stay cache-sized (``attention_group_elements``): groups of whole samples where one sample
-    fits, else groups of one sample's heads, else one slice's query rows in blocks of near-equal size, so that
-    memory stays bounded at any sequence length."""
+    call (what decides its compiled kernels, :func:`cpu_kernels.kernel_use`) and the blocks (:class:`Block`) whose
+    ``(G, n, M)`` temporaries stay cache-sized (``attention_group_elements``): groups of whole samples where one
+    sample fits, else groups of one sample's heads, else one slice's query rows in blocks of near-equal size, so
+    that memory stays bounded at any sequence length."""
     batch, heads, n_q = queries.shape[:3]
     per_head = n_q * keys.shape[2]
     budget = runtime_options().attention_group_elements
