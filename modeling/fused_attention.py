@@ -377,11 +377,11 @@ class Block(NamedTuple):
 
     def slices(self, t: Tensor) -> Tensor:
         """The block's ``(G = g h, ...)`` slices of a per-slice tensor ``(B, H, ...)`` (keys, values, scales)."""
-        return t[self.samples, self.heads].flatten(0, 1)
+        return self.region(t, rows=False).flatten(0, 1)
 
     def queries(self, t: Tensor) -> Tensor:
         """The block's ``(G, n, ...)`` query rows of a per-row tensor ``(B, H, N, ...)``."""
-        return t[self.samples, self.heads, self.rows].flatten(0, 1)
+        return self.region(t, rows=True).flatten(0, 1)
 
     def region(self, t: Tensor, rows: bool) -> Tensor:
         """The block's place ``(g, h[, n], ...)`` in a head-major tensor ``(B, H, N, ...)``: its query rows
