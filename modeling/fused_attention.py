@@ -55,6 +55,7 @@ __all__ = [
     "fused_polar_attention",
     "fused_polar_attention_heads",
     "head_major",
+    "narrow_product",
     "pair_chords",
     "row_gradients",
     "stationarity_correction",
@@ -104,6 +105,14 @@ def pair_chords(u: Tensor, v_t: Tensor) -> Tensor:
         g, i, j = (out < CHORD_PRODUCT_ABOVE).nonzero(as_tuple=True)
         out[g, i, j] = 0.5 * (u[g, i] - v[g, j]).square().sum(-1)
     return out
+
+
+def narrow_product(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` ``(G, N, w)`` for pair weights ``a (G, N, M)`` and a narrow ``b (G, M, w)`` (``w`` about the head
+    width: ``d + 1``, ``d + 2``, ``2 d + 2``), computed as ``(b^T a^T)^T``: the product then runs along the ``N``
+    rows, which fill the CPU's vector registers, instead of along ``w``, whose ``d + 1`` or ``d + 2`` columns leave
+    most of a vector register empty; the result is a transposed view."""
+    return torch.bmm(b.transpose(-1, -2), a.transpose(-1, -2)).transpose(-1, -2)
 
 
 class RowScalars(NamedTuple):
@@ -273,7 +282,7 @@ def _attention_group_forward(rows: GroupRows) -> RowStatistics:
     w_min_sq = w.amin(-1, keepdim=True).square()  # the largest score is -w_min^2
     probs = exp_weights(w_min_sq - w.square())
     total = probs.sum(-1, keepdim=True)
-    sums = torch.bmm(probs, value_operand(rows)) / total  # (G, N, d+2): T, E, V
+    sums = narrow_product(probs, value_operand(rows)) / total  # (G, N, d+2): T, E, V
     v_norm = torch.linalg.vector_norm(sums[..., 2:], dim=-1)
     u_hat = safe_normalize(sums[..., 2:], v_norm)
     weighted = pair_chords(u_hat, rows.uv_t).mul_(probs).mul_(rows.scalars.sinh_beta.unsqueeze(-2))
@@ -315,7 +324,7 @@ def _attention_group_backward(
     sinh_x = torch.addcdiv(0.5 * d.t, 0.5 * d.t, 1.0 + d.t).copysign_(d.diff)  # sinh(a_i - b_j)
     v_bar = _centre(uv)
     centred_v = uv - v_bar
-    sums = probs @ torch.cat([sinh_beta, sinh_beta * centred_v], dim=-1)
+    sums = narrow_product(probs, torch.cat([sinh_beta, sinh_beta * centred_v], dim=-1))
     g_v = stationarity_correction(g_v, g_e, u_hat, v_norm, CentredValues(sums[..., 0], sums[..., 1:], v_bar))
     # dL/dP = g_T cosh beta_j + g_E e^{-beta_j} + sinh beta_j (g_V . v_j + g_S chord(u_i, v_j))
     chord_e = pair_chords(u_hat, rows.uv_t).mul_(g_e.unsqueeze(-1))  # g_S chord(u_i, v_j)
@@ -323,7 +332,7 @@ def _attention_group_backward(
     g_rows = torch.cat([g_t.unsqueeze(-1), g_e.unsqueeze(-1), g_v], dim=-1)  # (G, N, d+2)
     g_p = torch.baddbmm(chord_e.mul_(sinh_beta.transpose(-1, -2)), g_rows, values.transpose(-1, -2))
     # values: radius and direction (the value chord gradient centred on the mean value direction, Eq. 25)
-    pt_g = probs.transpose(-1, -2) @ torch.cat([g_rows, g_e.unsqueeze(-1) * (u_hat - v_bar)], dim=-1)
+    pt_g = narrow_product(probs.transpose(-1, -2), torch.cat([g_rows, g_e.unsqueeze(-1) * (u_hat - v_bar)], dim=-1))
     pt_gv, pt_gs = pt_g[..., 2 : 2 + uv.shape[-1]], pt_g[..., 2 + uv.shape[-1] :]
     g_beta = (
         sinh_beta.squeeze(-1) * pt_g[..., 0]
@@ -344,8 +353,10 @@ def _attention_group_backward(
     k_bar = _centre(uk)
     p_q, q_k = uq - k_bar, uk - k_bar
     # g_chord_ij = g_c_ij sinh a_i sinh b_j, never formed: its sums over j and i as products
-    by_key = g_c @ torch.cat([sinh_b.unsqueeze(-1), sinh_b.unsqueeze(-1) * q_k], dim=-1)  # (G, N, 1+d)
-    by_query = g_c.transpose(-1, -2) @ torch.cat([sinh_a.unsqueeze(-1), sinh_a.unsqueeze(-1) * p_q], dim=-1)
+    by_key = narrow_product(g_c, torch.cat([sinh_b.unsqueeze(-1), sinh_b.unsqueeze(-1) * q_k], dim=-1))  # (G, N, 1+d)
+    by_query = narrow_product(
+        g_c.transpose(-1, -2), torch.cat([sinh_a.unsqueeze(-1), sinh_a.unsqueeze(-1) * p_q], dim=-1)
+    )
     g_uq = sinh_a.unsqueeze(-1) * (p_q * by_key[..., :1] - by_key[..., 1:])
     g_uk = sinh_b.unsqueeze(-1) * (q_k * by_query[..., :1] - by_query[..., 1:])
     c_coef = row.scale.view(-1, 1) * -k  # dL/dc = -scale k g_c
@@ -700,7 +711,7 @@ def _ambient_group_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k:
     top = logits.amax(-1, keepdim=True)
     probs = exp_weights(logits - top)
     total = probs.sum(-1, keepdim=True)
-    return (torch.log(total) + top).squeeze(-1), torch.bmm(probs, v) / total
+    return (torch.log(total) + top).squeeze(-1), narrow_product(probs, v) / total
 
 
 def _ambient_group_backward(
@@ -718,7 +729,12 @@ def _ambient_group_backward(
     slope = acosh_slope(scores.floored, scores.acosh)
     g_inner = torch.where(scores.arg >= scores.floored, (-2.0 * scale) * g_logits * slope, 0.0)
     flip = lambda x: torch.cat([x[..., :1], -x[..., 1:]], dim=-1)  # noqa: E731 - J'x, with -<x, y>_L = (J'x) . y
-    return g_inner @ flip(keys), g_inner.transpose(-1, -2) @ flip(q), probs.transpose(-1, -2) @ g_sums, g_scale
+    return (
+        narrow_product(g_inner, flip(keys)),
+        narrow_product(g_inner.transpose(-1, -2), flip(q)),
+        narrow_product(probs.transpose(-1, -2), g_sums),
+        g_scale,
+    )
 
 
 def _ambient_core_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float) -> tuple[Tensor, Tensor]:

@@ -1033,6 +1033,27 @@ def test_pair_chords_round_to_the_exact_float32_chord_eager_and_compiled(spread)
         assert torch.equal(got, torch.zeros_like(got)) and torch.equal(compiled, torch.zeros_like(compiled))
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_narrow_product_is_the_batched_product_eager_and_compiled(transposed):
+    """``narrow_product(a, b)`` is ``a @ b`` for the attention's pair weights (contiguous, or a transposed view as
+    the backward passes them) and narrow operands of the head widths: within float32's rounding of each sum of
+    products (float64 reference), the shape and values of ``a @ b``, eagerly and in a compiled kernel."""
+    from polar_vit_hf.modeling.cpu_kernels import kernel
+    from polar_vit_hf.modeling.fused_attention import narrow_product
+
+    torch.manual_seed(2)
+    for groups, rows, width in ((6, 65, 17), (3, 64, 18), (2, 33, 34), (1, 5, 1)):
+        a = torch.rand(groups, rows, rows)
+        a = a.transpose(-1, -2) if transposed else a
+        b = torch.randn(groups, rows, width)
+        exact = a.double() @ b.double()
+        bound = 4 * rows * torch.finfo(torch.float32).eps * (a.double().abs() @ b.double().abs())
+        for got in (narrow_product(a, b), kernel(narrow_product)(a, b)):
+            assert got.shape == (groups, rows, width)
+            assert torch.all((got.double() - exact).abs() <= bound)
+        assert torch.allclose(narrow_product(a.double(), b.double()), exact, rtol=1e-13, atol=1e-13)
+
+
 def test_stacked_qkv_projection_equals_the_three_polar_fcs_and_respects_hooks():
     """Fused, Q/K/V run as one stacked Polar-FC; a forward hook on one of them makes each run as itself."""
     torch.manual_seed(0)
