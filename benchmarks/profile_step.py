@@ -120,7 +120,7 @@ def kernel_table(events) -> dict[str, tuple[float, int]]:
         if "CompiledFxGraph" not in event.name:
             continue
         owner = event.cpu_parent
-        while owner is not None and not owner.name.startswith(("Fused", "Recomputed")):
+        while owner is not None and not owner.name.startswith(("Fused", "LeadingColumns")):
             owner = owner.cpu_parent
         name = owner.name if owner is not None else "(outside a fused layer)"
         ms, calls = totals.get(name, (0.0, 0))
@@ -163,7 +163,7 @@ def modeling_module(package: ModuleType | None, name: str) -> ModuleType:
 
 def function_label(name: str, generic: bool, backward: bool, args: tuple) -> str:
     """A row's name: the Function's (``...Backward`` for its backward), and for the generic Functions of
-    ``cpu_kernels`` (``RecomputedFunction``, ``LeadingColumnsFunction``: ambient layers) the function they run
+    ``cpu_kernels`` (``LeadingColumnsFunction``: the ambient position encodings) the function they run
     in brackets, read from the call's arguments (``fn`` after ``ctx`` forward, ``ctx.fn`` backward)."""
     if not generic:
         return name

@@ -1,4 +1,4 @@
-"""Compiled kernels for the fused layers, the recomputed function, and saving typed records for backward.
+"""Compiled kernels for the fused layers, the recomputed leading columns, and saving typed records for backward.
 
 In float32, a fused layer can run its pure-tensor core (a function of tensors that returns tensors) through
 :func:`kernel`: ``torch.compile(dynamic=True, fullgraph=True)`` turns its chain of elementwise passes into a few
@@ -14,10 +14,9 @@ C++ compiler) warns once and runs eager for the rest of the process.
 Compiled kernels are kept on disk (:class:`PersistentKernel`, :func:`kernel_cache_dir`): compiled once per
 machine, torch and source, loaded in milliseconds by every later process.
 
-:class:`RecomputedFunction` (:func:`recomputed`) runs any pure tensor function without keeping its autograd
-graph: backward recomputes it and differentiates it with ``torch.func.vjp``; :class:`LeadingColumnsFunction`
-(:func:`leading_columns`) does the same for a function of the first few coordinates of a tensor, the others passed
-through.
+:class:`LeadingColumnsFunction` (:func:`leading_columns`) runs a pure tensor function of the first few coordinates
+of a tensor, the others passed through, without keeping its autograd graph: backward recomputes it and
+differentiates it with ``torch.func.vjp``.
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and :mod:`runtime`.
 """
@@ -45,7 +44,6 @@ from .runtime import runtime_options, set_runtime_options
 __all__ = [
     "DOUBLE_BACKWARD_MESSAGE",
     "OPAQUE_REASON",
-    "RecomputedFunction",
     "MATCHED_SIGNATURES",
     "bound",
     "call_signature",
@@ -69,7 +67,6 @@ __all__ = [
     "map_tensors",
     "opaque_to_torch_compile",
     "rebuild_record",
-    "recomputed",
     "record_layout",
     "record_leaves",
     "recompute_vjp",
@@ -204,7 +201,7 @@ def inductor_options(**options: Any) -> Callable[[Callable], Callable]:
     """Decorator: compile ``fn``'s kernels, and those of its :func:`bound` and vector-Jacobian forms, with these
     inductor options (``torch.compile(..., options=...)``), part of their cache key.  For a function whose
     options are measured faster, such as ``realize_reads_threshold=1`` (store a value read more than once instead
-    of recomputing it in each loop that reads it) for the ambient twin's recomputed layers."""
+    of recomputing it in each loop that reads it) for the ambient twin's layers."""
 
     def mark(fn: Callable) -> Callable:
         fn.inductor_options = dict(options)  # type: ignore[attr-defined]
@@ -740,29 +737,13 @@ def recompute_vjp(fn: Callable, primals: tuple[Tensor, ...], cotangents: Any) ->
     return (detached if isinstance(outputs, tuple) else detached[0]), gradients
 
 
-class RecomputedFunction(torch.autograd.Function):
-    """``fn(*tensors, *constants)``, a pure function of its tensors with one output, saving only its inputs:
-    forward runs it, backward recomputes it and differentiates it (:func:`recompute_vjp`); each a compiled kernel
-    in float32 on the CPU (:func:`kernel_use`), so neither keeps an autograd graph of its intermediates."""
-
-    @staticmethod
-    def forward(ctx: Any, fn: Callable, constants: tuple, *tensors: Tensor) -> Tensor:  # noqa: D102
-        ctx.fn, ctx.constants = fn, constants
-        ctx.save_for_backward(*tensors)
-        return _recomputed_forward(fn, constants, tensors)
-
-    @staticmethod
-    @first_order
-    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        return (None, None, *_recomputed_backward(ctx.fn, ctx.constants, grad.contiguous(), ctx.saved_tensors))
-
-
 class LeadingColumnsFunction(torch.autograd.Function):
     """``fn(x[..., :width], *tensors, *constants)`` in place of the first ``width`` coordinates of ``x``, its other
-    coordinates passed through: :class:`RecomputedFunction` for a function that changes only a few leading
-    coordinates (the ambient twin's position encodings: the time and the four reserved coordinates).  Saved: those
-    columns of ``x`` and ``tensors``; backward recomputes and differentiates ``fn`` on them and passes the other
-    columns' gradient through.  Each a compiled kernel on the CPU where the whole call is large enough."""
+    coordinates passed through, for a pure function that changes only a few leading coordinates (the ambient twin's
+    position encodings: the time and the four reserved coordinates), without an autograd graph of its
+    intermediates.  Saved: those columns of ``x`` and ``tensors``; backward recomputes ``fn`` on them and
+    differentiates it (:func:`recompute_vjp`), and passes the other columns' gradient through.  Each a compiled
+    kernel on the CPU where the whole call is large enough."""
 
     @staticmethod
     def forward(  # noqa: D102
@@ -868,17 +849,6 @@ def saved_with_record(ctx: Any) -> tuple[tuple[Tensor, ...], Any]:
     """``(tensors, record)`` as :func:`save_with_record` saved them."""
     saved = ctx.saved_tensors
     return saved[: ctx.kept_tensors], rebuild_record(ctx.record_layout, iter(saved[ctx.kept_tensors :]))
-
-
-def recomputed(fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:
-    """``fn(*tensors, *constants)`` through :class:`RecomputedFunction` (:func:`opaque_to_torch_compile`)."""
-    return _recomputed(tensors[0], fn, *tensors[1:], constants=constants)
-
-
-@opaque_to_torch_compile
-def _recomputed(first: Tensor, fn: Callable, *tensors: Tensor, constants: tuple = ()) -> Tensor:
-    """:func:`recomputed` with its first tensor in front (what :func:`opaque_to_torch_compile` inspects)."""
-    return RecomputedFunction.apply(fn, tuple(constants), first, *tensors)
 
 
 def leading_columns(fn: Callable, width: int, x: Tensor, *tensors: Tensor, constants: tuple = ()) -> Tensor:

@@ -13,7 +13,7 @@ layer-level operations (:meth:`~ManifoldOps.polar_fc`, :meth:`~ManifoldOps.gyro_
 * :class:`AmbientOps` - ambient coordinates ``[x_0, x_s]``, the textbook Lorentz formulas of :mod:`ambient`
   (the paper's baseline), differentiated by autograd;
 * :class:`FusedAmbientOps` - ambient coordinates, the same formulas without an autograd graph of their
-  intermediates (:class:`fused_attention.FusedAmbientAttention`, recomputed layers).
+  intermediates (:mod:`fused_ambient`, :class:`fused_attention.FusedAmbientAttention`, a recomputed encoding).
 
 An operation one of them lacks is an error at class creation (abstract method), never a silent fallback.  All
 pack a point as one tensor ``(..., n+1)``, so reshapes, indexing and gradient checkpointing are the same.  The
@@ -48,8 +48,14 @@ from .ambient import (
 )
 from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES
-from .cpu_kernels import first_order, leading_columns, recomputed
-from .fused_ambient import AMBIENT_KERNELS, ambient_fc_forward, fused_ambient_fc_output, fused_ambient_gyro_layer_norm
+from .cpu_kernels import first_order, leading_columns
+from .fused_ambient import (
+    AMBIENT_KERNELS,
+    ambient_fc_forward,
+    fused_ambient_boost_residual,
+    fused_ambient_fc_output,
+    fused_ambient_gyro_layer_norm,
+)
 from .fused_attention import (
     fused_ambient_attention,
     fused_ambient_attention_heads,
@@ -551,12 +557,12 @@ class AmbientOps(ManifoldOps):
 class FusedAmbientOps(AmbientOps):
     """Ambient coordinates, the fused layers: the formulas of :class:`AmbientOps`, in the same order, without an
     autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention`, the gyro
-    layer norm :class:`fused_ambient.FusedAmbientGyroLayerNorm` and the Polar-FC's output points (the epilogue of
-    Eq. 8, the radius rule and the ambient coordinates) :class:`fused_ambient.FusedAmbientFCOutput`, with
-    hand-derived backward passes; the boost residual and the position encodings are recomputed functions
-    (:func:`cpu_kernels.recomputed`, :func:`cpu_kernels.leading_columns`: backward recomputes and differentiates
-    them); each a compiled kernel on the CPU.  Polar-FC's product is autograd's (it keeps the input points and the
-    weight); the heads' concatenation keeps only its output (:class:`SpaceToPoint`)."""
+    layer norm :class:`fused_ambient.FusedAmbientGyroLayerNorm`, the Polar-FC's output points (the epilogue of
+    Eq. 8, the radius rule and the ambient coordinates) :class:`fused_ambient.FusedAmbientFCOutput` and the boost
+    residual :class:`fused_ambient.FusedAmbientBoostResidual`, with hand-derived backward passes; the position
+    encodings are a recomputed function (:func:`cpu_kernels.leading_columns`: backward recomputes and
+    differentiates it); each a compiled kernel on the CPU.  Polar-FC's product is autograd's (it keeps the input
+    points and the weight); the heads' concatenation keeps only its output (:class:`SpaceToPoint`)."""
 
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
         """:class:`fused_ambient.FusedAmbientFCOutput`: without the GELU nothing of the product's size is kept."""
@@ -566,9 +572,7 @@ class FusedAmbientOps(AmbientOps):
         return fused_ambient_gyro_layer_norm(p, log_gain, bias_space, self.k, eps)
 
     def boost_residual(self, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None) -> Tensor:
-        if strength is None:
-            return recomputed(ambient_boost_residual, x, f, alpha, constants=(self.k,))
-        return recomputed(ambient_scaled_boost_residual, x, f, alpha, strength, constants=(self.k,))
+        return fused_ambient_boost_residual(x, f, alpha, strength, self.k)
 
     def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:
         """Only the time and the reserved coordinates change (:data:`RESERVED_COLUMNS`): the function runs on them,
@@ -618,20 +622,8 @@ class SpaceToPoint(torch.autograd.Function):
         return torch.addcmul(grad[..., 1:], grad[..., :1] / out[..., :1], out[..., 1:]), None
 
 
-# the recomputed layers of FusedAmbientOps: AmbientOps' formulas as pure functions of tensors and constants ------
+# the recomputed layer of FusedAmbientOps: AmbientOps' formulas as a pure function of tensors and constants ------
 # (with the ambient twin's inductor options, fused_ambient.AMBIENT_KERNELS)
-
-
-@AMBIENT_KERNELS
-def ambient_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, k: float) -> Tensor:
-    """:meth:`ManifoldOps.boost_residual` in ambient coordinates."""
-    return ManifoldOps.boost_residual(AmbientOps(k), x, f, alpha, None)
-
-
-@AMBIENT_KERNELS
-def ambient_scaled_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor, k: float) -> Tensor:
-    """:meth:`ManifoldOps.boost_residual` in ambient coordinates, ``f``'s radius scaled by ``strength``."""
-    return ManifoldOps.boost_residual(AmbientOps(k), x, f, alpha, strength)
 
 
 @AMBIENT_KERNELS

@@ -262,6 +262,26 @@ def test_ambient_gyro_layer_norm_kernels_match_eager_and_float64(kernels_on, bia
     assert really_compiled(fused_ambient.ambient_norm_forward, fused_ambient.ambient_norm_backward)
 
 
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
+@pytest.mark.parametrize("drop_path", [False, True])
+def test_ambient_boost_residual_kernels_match_eager_and_float64(kernels_on, rmax, drop_path):
+    """The ambient twin's boost residual (``FusedAmbientBoostResidual``) as compiled forward and hand-derived
+    backward kernels, with one pair of directions aligned."""
+    from polar_vit_hf.modeling import fused_ambient
+
+    polar_x, polar_f = points(2, 9, 16, rmax, 1), points(2, 9, 16, 3.0, 2)
+    polar_f[0, 3, 1:] = polar_x[0, 3, 1:]
+    x, f = (P.geometry.to_ambient(p[..., 0], p[..., 1:], 0.9).float() for p in (polar_x, polar_f))
+    strength = torch.tensor([[0.0], [2.0]]) if drop_path else None
+
+    def fn(x, f, alpha):
+        scale = None if strength is None else strength.to(x.dtype)
+        return P.modeling.manifold_ops.FusedAmbientOps(0.9).boost_residual(x, f, alpha, scale)
+
+    check_kernels(fn, x, f, torch.tensor(0.7))
+    assert really_compiled(fused_ambient.ambient_boost_residual_forward, fused_ambient.ambient_boost_residual_backward)
+
+
 @pytest.mark.parametrize("kind", ["horoshift", "boost", "rotation"])
 def test_ambient_position_encoding_kernels_match_eager_and_float64(kernels_on, kind):
     """The ambient twin's position encoding on its five leading coordinates (``LeadingColumnsFunction``) as a
@@ -376,7 +396,7 @@ def test_a_models_kernels_compile_once_then_load_in_new_processes_and_match_eage
     trained = cpu_kernels.compiled_variants()
     # 72 x 64 tokens: reductions over more than 4096 (inductor's float32 summation chunk, a guarded choice) run the
     # variants compiled at batch 2, as the batch's and the tokens' sums are separate reductions (``sum_dims``); the
-    # ambient twin's recomputed functions are differentiated by torch.func, whose parameter gradients sum over
+    # ambient twin's position encodings are differentiated by torch.func, whose parameter gradients sum over
     # batch x tokens at once: they compile one more variant each, once per machine
     model(pixel_values=pixels, labels=labels).loss.backward()
     model.zero_grad(set_to_none=True)
@@ -735,15 +755,16 @@ def test_kernel_cache_keys_name_the_function_and_its_bound_constants(monkeypatch
 
 
 def test_inductor_options_reach_the_compile_and_the_cache_key(kernels_on, monkeypatch, tmp_path):
-    """A function's inductor options (the ambient twin's recomputed layers store values read more than once) pass
+    """A function's inductor options (the ambient twin's recomputed encodings store values read more than once) pass
     to its bound and vector-Jacobian forms, name a cache folder of their own and are what inductor compiles with."""
-    from polar_vit_hf.modeling.manifold_ops import ambient_boost_residual
+    from polar_vit_hf.modeling.manifold_ops import ambient_relative_position
 
     monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
     options = {"realize_reads_threshold": 1}
-    assert cpu_kernels.kernel_options(ambient_boost_residual) == options
-    assert cpu_kernels.kernel_options(cpu_kernels.bound(ambient_boost_residual, (1.0,))) == options
-    assert cpu_kernels.kernel_options(cpu_kernels._vjp(ambient_boost_residual, (1.0,))) == options
+    constants = ("boost", 1.0)
+    assert cpu_kernels.kernel_options(ambient_relative_position) == options
+    assert cpu_kernels.kernel_options(cpu_kernels.bound(ambient_relative_position, constants)) == options
+    assert cpu_kernels.kernel_options(cpu_kernels._vjp(ambient_relative_position, constants)) == options
     assert cpu_kernels.kernel_options(FL._boost_residual_forward) is None
 
     def double_sum(x):

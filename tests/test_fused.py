@@ -18,8 +18,8 @@ from torch.autograd import gradcheck
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import polar_vit_hf as P
-from polar_vit_hf.modeling import fused_attention, fused_layers
-from polar_vit_hf.modeling.fused_ambient import fused_ambient_gyro_layer_norm
+from polar_vit_hf.modeling import fused_ambient, fused_attention, fused_layers
+from polar_vit_hf.modeling.fused_ambient import fused_ambient_boost_residual, fused_ambient_gyro_layer_norm
 from polar_vit_hf.modeling.fused_attention import AttentionRows, fused_ambient_attention, fused_polar_attention
 from polar_vit_hf.modeling.fused_gyro_norm import fused_gyro_layer_norm, gyro_norm_forward, rebuild_wide
 from polar_vit_hf.modeling.fused_layers import fused_boost_residual, fused_polar_fc, fused_reserved_axes_encoding
@@ -649,6 +649,70 @@ def test_boost_residual_kernels_return_the_token_terms_they_store(monkeypatch: p
 # --------------------------------------------------------------------------------------------
 # the ambient twin's fused layers
 # --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["generic", "aligned"])  # aligned: f along x, and one exactly opposite
+@pytest.mark.parametrize("rmax", RADII)
+@pytest.mark.parametrize("drop_path", [0.0, 0.5])
+def test_fused_ambient_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_path):
+    """:class:`FusedAmbientBoostResidual` (the polar step per token, every vector as coefficients on ``g, u, d``)
+    against autograd through :meth:`AmbientOps.boost_residual` in float64, at the origin, aligned and opposite
+    directions, with and without stochastic depth; and gradcheck."""
+    k = 1.3
+    torch.manual_seed(2)
+    residual = BoostResidual(P.PolarViTConfig.from_preset("demo", k=k), drop_path).double().train()
+    with torch.no_grad():
+        residual.alpha.fill_(0.7)
+    ops = AmbientOps(k)
+    u = directions(2, 5, 6, case=case)
+    x = ops.make(radii(2, 5, rmax=rmax), u).requires_grad_(True)
+    f_dirs = directions(2, 5, 6, seed=3)
+    if case == "aligned":
+        f_dirs[:] = u[0, 0]
+        f_dirs[1, 2] = -f_dirs[1, 2]
+    f = ops.make(radii(2, 5, rmax=3.0, seed=4), f_dirs).requires_grad_(True)
+    outputs, grads = [], []
+    weights = None
+    for fused in (False, True):
+        torch.manual_seed(5)  # the same stochastic-depth draw
+        out = residual(x, f, FusedAmbientOps(k) if fused else ops)
+        weights = torch.randn_like(out) if weights is None else weights
+        outputs.append(out)
+        grads.append(torch.autograd.grad((out * weights).sum(), [x, f, residual.alpha]))
+    assert torch.allclose(outputs[1], outputs[0], rtol=1e-12, atol=1e-12 * float(outputs[0].detach().abs().max()))
+    for want, have in zip(*grads):
+        assert torch.allclose(have, want, rtol=1e-10, atol=1e-10 * want.abs().max())
+    strength = torch.tensor([[2.0], [0.0]], dtype=F64) if drop_path else None
+    # central differences of the ambient coordinates resolve radii from about 0.1 (the direction of a shorter x_s
+    # bends within the step) up to about 4 (coordinates of size cosh(r / sqrt(k)))
+    shifted = ops.make(radii(2, 5, rmax=min(rmax, 4.0)) + 0.1, u).requires_grad_(True)
+    assert gradcheck(
+        lambda x, f, alpha: fused_ambient_boost_residual(x, f, alpha, strength, k), [shifted, f, residual.alpha]
+    )
+
+
+def test_fused_ambient_boost_residual_saves_only_its_inputs():
+    """Saved: the two inputs and ``alpha`` (no token-wide tensor of its own); the forward kernel function returns
+    the output, then the per-token terms, and the backward's gradients are those of the recomputation's
+    coefficients: the vectors it writes are ``c_g g + c_u u + c_d d`` with the coefficients it returns last."""
+    ops = AmbientOps(1.0)
+    x = ops.make(radii(2, 5, rmax=8.0), directions(2, 5, 6)).requires_grad_(True)
+    f = ops.make(radii(2, 5, rmax=3.0, seed=4), directions(2, 5, 6, seed=3)).requires_grad_(True)
+    alpha = torch.tensor(0.7, dtype=F64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = fused_ambient_boost_residual(x, f, alpha, None, 1.0)
+    assert [t.data_ptr() for t in saved] == [x.data_ptr(), f.data_ptr(), alpha.data_ptr()]
+    forward = fused_ambient.ambient_boost_residual_forward(x.detach(), f.detach(), alpha.detach(), None, 1.0)
+    assert torch.equal(forward[0], out) and isinstance(forward[1], fused_ambient.BoostTokens)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad((out * grad).sum(), [x, f, alpha])
+    backward = fused_ambient.ambient_boost_residual_backward(grad, x.detach(), f.detach(), alpha.detach(), None, 1.0)
+    assert len(backward) == 3 + fused_ambient.BOOST_TERMS
+    assert all(torch.equal(a, b) for a, b in zip(grads, backward))
+    parts = fused_ambient.ambient_boost_parts(x.detach(), f.detach(), alpha.detach(), None, 1.0, grad)
+    cx = fused_ambient.BoostCoefficients(*backward[3:6])
+    assert torch.allclose(backward[0][..., 1:], cx.combine(grad[..., 1:], parts.u, parts.d), rtol=0, atol=1e-15)
+
+
 def _ambient_points(case: str, rmax: float, batch=2, heads=3, n_q=6, n_k=7, dim=4, seed=0):
     """Ambient queries, keys and values ``(B, H, N, d+1)`` in float64 from stored polar inputs (:func:`make_inputs`),
     ``scale (H,)``."""

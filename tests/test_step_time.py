@@ -259,9 +259,8 @@ def test_layer_ab_names_the_parameter_whose_gradients_differ_most():
 
 
 def test_the_wall_clock_names_each_generic_kernel_function_by_what_it_runs():
-    """``timed_functions``: the ambient boost residual and position encodings run through the generic
-    ``RecomputedFunction`` / ``LeadingColumnsFunction``; their rows carry the function each call runs, forward and
-    backward."""
+    """``timed_functions``: the ambient position encodings run through the generic ``LeadingColumnsFunction``;
+    their rows carry the function each call runs, forward and backward."""
     import torch
 
     import polar_vit_hf as P
@@ -276,14 +275,12 @@ def test_the_wall_clock_names_each_generic_kernel_function_by_what_it_runs():
     assert {
         "FusedAmbientGyroLayerNorm",
         "FusedAmbientGyroLayerNormBackward",
-        "RecomputedFunction[ambient_boost_residual]",
-        "RecomputedFunctionBackward[ambient_boost_residual]",
+        "FusedAmbientBoostResidual",
+        "FusedAmbientBoostResidualBackward",
         "LeadingColumnsFunction[ambient_relative_position]",
         "LeadingColumnsFunctionBackward[ambient_relative_position]",
         "FusedAmbientFCOutput",
         "FusedAmbientFCOutputBackward",
         "FusedAmbientAttentionHeads",
     } <= set(totals)
-    assert not any(
-        name.startswith(("RecomputedFunction", "LeadingColumnsFunction")) and "[" not in name for name in totals
-    )
+    assert not any(name.startswith("LeadingColumnsFunction") and "[" not in name for name in totals)
