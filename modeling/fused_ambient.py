@@ -27,14 +27,9 @@ passes.  Forward and backward are each one compiled kernel in
 float32 on the CPU (:mod:`cpu_kernels`), with the ambient twin's inductor options (:data:`AMBIENT_KERNELS`).
 
 The boost residual reads ``x = (a, u)`` and ``f(x) = (b, v)`` as :meth:`manifold_ops.AmbientOps.polar` does
-(``a = arcosh(x_0 / sqrt(k))``, ``u = x_s / |x_s|``) and takes the polar step of
-:func:`fused_layers.boost_residual_step` per token: every vector of the step is ``u`` and ``d = v - s u``
-combined, so its norms are per-token formulas (``u . d = -s h``, ``|d|^2 = 2 h``, :class:`BoostTokens`) and its
-backward keeps every vector as coefficients on the cotangent, ``u`` and ``d`` (:class:`BoostCoefficients`): two
-passes of sums and one that writes, forward and backward.  The identities hold because the directions are
-normalised inside the function (a gradient along ``u`` is projected out by the normalisation's backward); the polar
-:class:`fused_layers.FusedBoostResidual` takes its directions as given and forms the vectors coordinate by
-coordinate.
+(``a = arcosh(x_0 / sqrt(k))``, ``u = x_s / |x_s|``) and takes the polar step per token, as the polar
+:class:`fused_layers.FusedBoostResidual` (:func:`fused_layers.boost_tokens`, :func:`fused_layers.boost_gradients`):
+two passes of sums and one that writes, forward and backward.
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
 """
@@ -64,22 +59,26 @@ from .cpu_kernels import (
     sum_dims,
 )
 from .fused_layers import (
+    BOOST_TERMS,
+    BoostCoefficients,
+    BoostDots,
+    BoostTokens,
+    CotangentDots,
+    boost_direction,
+    boost_dots,
+    boost_gradients,
+    boost_tokens,
     heads_to_coordinates,
     polar_fc_log_radius,
     radius_offset,
     radius_rule_gradients,
     token_outer_sum,
 )
-from .stable_math import inverse_or_zero, safe_normalize, sinh_cosh, sinhc_sq
+from .stable_math import inverse_or_zero, safe_normalize, sinh_cosh
 
 __all__ = [
     "AMBIENT_KERNELS",
     "AmbientBoostParts",
-    "BoostCoefficients",
-    "BoostDots",
-    "BoostGradients",
-    "BoostTokens",
-    "CotangentDots",
     "FusedAmbientBoostResidual",
     "AmbientNormSaved",
     "FusedAmbientFCOutput",
@@ -88,8 +87,6 @@ __all__ = [
     "ambient_boost_residual_backward",
     "ambient_boost_residual_forward",
     "ambient_fc_backward",
-    "boost_gradients",
-    "boost_tokens",
     "ambient_fc_forward",
     "fused_ambient_boost_residual",
     "fused_ambient_fc_output",
@@ -367,156 +364,6 @@ def fused_ambient_fc_output(h: Tensor, p: Tensor, rule: AmbientRule | None, k: f
 # --------------------------------------------------------------------------------------------
 # boost residual (Eq. 12) in ambient coordinates
 # --------------------------------------------------------------------------------------------
-class BoostDots(NamedTuple):
-    """The per-token sums over the directions that Eq. 12 reads, ``(..)`` each, for the unit directions ``u`` (of
-    ``x``) and ``v`` (of ``f(x)``): ``u . v``, ``s = sign(u . v)`` (1 at 0) and ``|d|^2`` with ``d = v - s u``
-    (formed from the difference itself: no cancellation for nearly aligned or opposite directions)."""
-
-    cos: Tensor
-    sign: Tensor
-    d_sq: Tensor
-
-
-class CotangentDots(NamedTuple):
-    """``g . u`` and ``g . d`` per token for the cotangent ``g`` of the output's space coordinates."""
-
-    u: Tensor
-    d: Tensor
-
-
-class BoostTokens(NamedTuple):
-    """Eq. 12 per token (:func:`fused_layers.boost_residual_step`'s quantities; radii over ``sqrt(k)``): ``b``
-    (scaled by the stochastic depth), ``h = |d|^2 / 2``, ``b_par = b (u . v)``, ``a'``, ``step = alpha b``,
-    ``|v_perp|^2 = h (2 - h)``, ``omega^2 = step^2 |v_perp|^2``, ``sinhc(omega)``, ``cosh(omega)``, whether
-    ``omega`` is in the series range, ``tanh a``, ``sigma = sinhc(omega) step``, ``t = tanh a + sigma s h`` (so
-    ``D = t u + sigma d``), ``|D| = sqrt(tanh^2 a + sigma^2 |v_perp|^2)`` and ``sign(a')`` as a factor."""
-
-    b: Tensor
-    h: Tensor
-    b_par: Tensor
-    a_new: Tensor
-    step: Tensor
-    vperp_sq: Tensor
-    omega_sq: Tensor
-    sinhc: Tensor
-    cosh_w: Tensor
-    small: Tensor
-    tanh_a: Tensor
-    sigma: Tensor
-    t: Tensor
-    norm: Tensor
-    flip: Tensor
-
-
-def boost_tokens(a: Tensor, b: Tensor, alpha: Tensor, dots: BoostDots) -> BoostTokens:
-    """:class:`BoostTokens` from the radii and :class:`BoostDots`.  Every vector of Eq. 12 is ``u`` and ``d``
-    combined per token (``v_perp = d + s h u``), so its norms are per-token formulas of ``u . d = -s h`` and
-    ``|d|^2 = 2 h``, free of cancellation."""
-    h = 0.5 * dots.d_sq
-    b_par = b * dots.cos
-    a_new = a + alpha * (b_par - b_par.mean(-1, keepdim=True))
-    step = alpha * b
-    vperp_sq = h * (2.0 - h)
-    omega_sq = step.square() * vperp_sq
-    sinhc, cosh_w, _, small = sinhc_sq(omega_sq)
-    tanh_a = torch.tanh(a)
-    sigma = sinhc * step
-    t = tanh_a + sigma * dots.sign * h
-    norm = torch.sqrt(tanh_a.square() + sigma.square() * vperp_sq)
-    flip = torch.where(a_new < 0, -1.0, 1.0)
-    return BoostTokens(
-        b, h, b_par, a_new, step, vperp_sq, omega_sq, sinhc, cosh_w, small, tanh_a, sigma, t, norm, flip
-    )
-
-
-def boost_direction(tok: BoostTokens, u: Tensor, d: Tensor) -> Tensor:
-    """``u' = sign(a') D / |D|`` ``(.., n)`` with ``D = t u + sigma d`` (``e_0`` where ``D = 0``)."""
-    direction = safe_normalize(tok.t.unsqueeze(-1) * u + tok.sigma.unsqueeze(-1) * d, tok.norm)
-    return tok.flip.unsqueeze(-1) * direction
-
-
-class BoostCoefficients(NamedTuple):
-    """A vector ``c_g g + c_u u + c_d d`` of Eq. 12's backward by its per-token coefficients on the cotangent ``g``
-    and the directions ``u``, ``d``."""
-
-    g: Tensor
-    u: Tensor
-    d: Tensor
-
-    def combine(self, g: Tensor, u: Tensor, d: Tensor) -> Tensor:
-        """The vector ``(.., n)``."""
-        return self.g.unsqueeze(-1) * g + self.u.unsqueeze(-1) * u + self.d.unsqueeze(-1) * d
-
-
-class BoostGradients(NamedTuple):
-    """The gradients of Eq. 12 with respect to ``a``, ``b`` (before the stochastic depth's scaling) and ``alpha``,
-    and those of ``u`` and ``v`` as :class:`BoostCoefficients`."""
-
-    a: Tensor
-    b: Tensor
-    alpha: Tensor
-    u: BoostCoefficients
-    v: BoostCoefficients
-
-
-def boost_direction_dot(tok: BoostTokens, g_dots: CotangentDots, g_first: Tensor) -> Tensor:
-    """``g . D / |D|`` per token (``g_first``, the cotangent's first coordinate, where ``D = 0``: ``e_0``)."""
-    return torch.where(tok.norm > 0, (tok.t * g_dots.u + tok.sigma * g_dots.d) * inverse_or_zero(tok.norm), g_first)
-
-
-def boost_gradients(
-    tok: BoostTokens,
-    dots: BoostDots,
-    g_dots: CotangentDots,
-    alpha: Tensor,
-    g_radius: Tensor,
-    scale: Tensor,
-    g_dir_dot: Tensor,
-) -> BoostGradients:
-    """The backward of Eq. 12 (:func:`boost_tokens`, :func:`boost_direction`) for the cotangents ``g_radius`` of
-    ``|a'|`` and ``scale g`` of ``u'`` (``g_dir_dot = g . D / |D|``, :func:`boost_direction_dot`), every vector
-    kept as its coefficients on ``(g, u, d)``: with ``v_perp = d + s h u``, ``u . d = -s h``, ``d . v_perp =
-    |v_perp|^2`` and ``u . v_perp = 0`` each dot product of the chain is a per-token formula.
-
-        g_D = (g_dir - (g_dir . D/|D|) D/|D|) / |D|,  g_dir = sign(a') scale g
-        g_a = (1 - tanh^2 a) g_D . u + g_a',  g_a' = sign(a') g_radius
-        g_vperp = sigma g_D + kappa v_perp,  kappa = 2 step^2 g_omega^2
-        g_u = tanh a g_D + s (h - 1) g_vperp - s g_h d + g_cos v,  g_v = g_vperp + g_h d + g_cos u
-    """
-    s, h, sigma, t = dots.sign, tok.h, tok.sigma, tok.t
-    inv = inverse_or_zero(tok.norm)
-    gamma = scale * tok.flip
-    along = -gamma * g_dir_dot * inv * inv
-    g_big_d = BoostCoefficients(gamma * inv, along * t, along * sigma)
-    gbd_u = g_big_d.g * g_dots.u + g_big_d.u - g_big_d.d * s * h
-    gbd_vperp = g_big_d.g * (g_dots.d + s * h * g_dots.u) + g_big_d.d * tok.vperp_sq
-    g_a_new = g_radius * torch.sign(tok.a_new)  # d|a'|/da' = sign(a') (0 at 0, as torch.abs)
-    # sinhc(omega) as a function of omega^2: d sinhc / d omega^2 = (cosh w - sinhc) / (2 w^2)
-    small, step = tok.small, tok.step
-    slope = torch.where(small, 1.0 / 6.0, (tok.cosh_w - tok.sinhc) / (2.0 * torch.where(small, 1.0, tok.omega_sq)))
-    g_omega_sq = gbd_vperp * step * slope
-    g_step = gbd_vperp * tok.sinhc + g_omega_sq * 2.0 * step * tok.vperp_sq
-    kappa = g_omega_sq * 2.0 * step.square()
-    g_vperp = BoostCoefficients(sigma * g_big_d.g, sigma * g_big_d.u + kappa * s * h, sigma * g_big_d.d + kappa)
-    # a' = a + alpha (b_par - mean b_par), b_par = b (u . v), step = alpha b
-    g_b_par = alpha * (g_a_new - g_a_new.mean(-1, keepdim=True))
-    g_alpha = sum_dims(g_a_new * (tok.b_par - tok.b_par.mean(-1, keepdim=True))) + sum_dims(g_step * tok.b)
-    g_cos = g_b_par * tok.b
-    g_h = s * sigma * gbd_u  # s (g_vperp . u)
-    back = s * (h - 1.0)
-    g_u = BoostCoefficients(
-        tok.tanh_a * g_big_d.g + back * g_vperp.g,
-        tok.tanh_a * g_big_d.u + back * g_vperp.u + g_cos * s,
-        tok.tanh_a * g_big_d.d + back * g_vperp.d - s * g_h + g_cos,
-    )
-    g_v = BoostCoefficients(g_vperp.g, g_vperp.u + g_cos, g_vperp.d + g_h)
-    g_a = (1.0 - tok.tanh_a.square()) * gbd_u + g_a_new
-    return BoostGradients(g_a, g_b_par * dots.cos + g_step * alpha, g_alpha, g_u, g_v)
-
-
-BOOST_TERMS = 6  # the per-token coefficients ambient_boost_residual_backward returns last (stored once)
-
-
 def _unit_dot(dot: Tensor, first: tuple[Tensor, Tensor], norm_a: Tensor, norm_b: Tensor) -> Tensor:
     """``a / |a| . b / |b|`` from ``dot = a . b``, the norms and the first coordinates ``first = (a_0, b_0)``, with
     :func:`stable_math.safe_normalize`'s ``e_0`` as a zero vector's direction."""
@@ -528,11 +375,11 @@ def _unit_dot(dot: Tensor, first: tuple[Tensor, Tensor], norm_a: Tensor, norm_b:
 
 
 class AmbientBoostParts(NamedTuple):
-    """What Eq. 12 reads of ambient points ``x, f`` as ambient models read it (:meth:`manifold_ops.AmbientOps.polar`):
-    ``|x_s|``, ``|f_s|`` and the directions ``u = x_s / |x_s|``, ``v = f_s / |f_s|`` ``(.., n)``
-    (:func:`stable_math.safe_normalize`), :class:`BoostDots`, :class:`BoostTokens` (the radii ``arcosh(x_0 /
-    sqrt(k))``, :func:`ambient.radius` over ``sqrt(k)``), ``d = v - s u`` and, with a cotangent,
-    :class:`CotangentDots`."""
+    """What Eq. 12 reads of ambient points ``x, f`` as ambient models read them
+    (:meth:`manifold_ops.AmbientOps.polar`): ``|x_s|``, ``|f_s|``, the direction ``u = x_s / |x_s|`` ``(.., n)``
+    (:func:`stable_math.safe_normalize`), :class:`fused_layers.BoostDots`, :class:`fused_layers.BoostTokens` (the
+    radii ``arcosh(x_0 / sqrt(k))``, :func:`ambient.radius` over ``sqrt(k)``) and ``d = v - s u`` with ``v = f_s /
+    |f_s|``."""
 
     norm_x: Tensor
     norm_f: Tensor
@@ -540,31 +387,20 @@ class AmbientBoostParts(NamedTuple):
     dots: BoostDots
     tok: BoostTokens
     d: Tensor
-    g_dots: CotangentDots | None
 
 
-def ambient_boost_parts(
-    x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, k: float, grad: Tensor | None = None
-) -> AmbientBoostParts:
-    """:class:`AmbientBoostParts` of ``x, f (B, N, n+1)`` (and the output's cotangent) in two passes over the
-    coordinates: the norms and the dot products (``u . v = x_s . f_s / (|x_s| |f_s|)``), then ``|d|^2`` (and
-    ``g . d``), formed from the difference ``d`` itself: no cancellation for nearly aligned or opposite directions."""
+def ambient_boost_parts(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, k: float) -> AmbientBoostParts:
+    """:class:`AmbientBoostParts` of ``x, f (B, N, n+1)`` in two passes over the coordinates: the norms and ``u .
+    v = x_s . f_s / (|x_s| |f_s|)``, then the sums over ``u`` and ``d`` (:func:`fused_layers.boost_dots`)."""
     sk = math.sqrt(k)
     xs, fs = x[..., 1:], f[..., 1:]
     norm_x, norm_f = torch.linalg.vector_norm(xs, dim=-1), torch.linalg.vector_norm(fs, dim=-1)
     u = safe_normalize(xs, norm_x)
     cos = _unit_dot((xs * fs).sum(-1), (xs[..., 0], fs[..., 0]), norm_x, norm_f)
-    sign = torch.where(cos >= 0, 1.0, -1.0)
-    d = safe_normalize(fs, norm_f) - sign.unsqueeze(-1) * u
-    g_dots = None
-    if grad is not None:
-        gs = grad[..., 1:]
-        g_u = _unit_dot((gs * xs).sum(-1), (gs[..., 0], xs[..., 0]), torch.ones_like(norm_x), norm_x)
-        g_dots = CotangentDots(g_u, (gs * d).sum(-1))
-    dots = BoostDots(cos, sign, d.square().sum(-1))
+    dots, d = boost_dots(u, safe_normalize(fs, norm_f), cos)
     b = ambient_radius(f, k) / sk
     tok = boost_tokens(ambient_radius(x, k) / sk, b if strength is None else b * strength, alpha, dots)
-    return AmbientBoostParts(norm_x, norm_f, u, dots, tok, d, g_dots)
+    return AmbientBoostParts(norm_x, norm_f, u, dots, tok, d)
 
 
 def ambient_boost_residual_forward(
@@ -572,7 +408,7 @@ def ambient_boost_residual_forward(
 ) -> tuple[Tensor, BoostTokens, Tensor, Tensor]:
     """Eq. 12 on ambient points ``x, f (B, N, n+1)`` as :meth:`manifold_ops.AmbientOps.boost_residual` computes
     it: the polar parts read from the ambient coordinates (:func:`ambient_boost_parts`), the polar step per token
-    (:func:`boost_tokens`), the output ``(sqrt(k) cosh A, sqrt(k) sinh A u')`` with ``A = |a'|``.  Two
+    (:func:`fused_layers.boost_tokens`), the output ``(sqrt(k) cosh A, sqrt(k) sinh A u')`` with ``A = |a'|``.  Two
     passes of sums and one that writes; then the per-token terms, stored once."""
     p = ambient_boost_parts(x, f, alpha, strength, k)
     sinh_a, cosh_a = sinh_cosh(p.tok.a_new.abs())
@@ -596,29 +432,30 @@ def ambient_boost_residual_backward(
 ) -> tuple[Tensor, ...]:
     """``(dL/dx, dL/df, dL/dalpha)`` of :func:`ambient_boost_residual_forward`, its per-token terms recomputed.
     With ``A = |a'|``: ``g_A = sqrt(k) (g_0 sinh A + cosh A g_s . u')`` and ``g_u' = sqrt(k) sinh A g_s``, then
-    :func:`boost_gradients`, then the directions' normalisations ``(g_u - (g_u . u) u) / |x_s|``
-    (with ``u . v = s (1 - h)`` and ``d . v = h``: per-token coefficients again) and :func:`_arcosh_slope`.  Two
-    passes of sums and one that writes both gradients; then the coefficients (:data:`BOOST_TERMS`)."""
-    p = ambient_boost_parts(x, f, alpha, strength, k, grad)
-    dots, tok, g_dots = p.dots, p.tok, p.g_dots
-    assert g_dots is not None  # (given a cotangent)
+    :func:`fused_layers.boost_gradients`, then the normalisations ``u = x_s / |x_s|``, ``v = f_s / |f_s|``
+    differentiated, ``(g_u - (g_u . u) u) / |x_s|`` (the dot products per token again, with ``v = d + s u``), and
+    :func:`_arcosh_slope`.  Two passes of sums and one that writes both gradients; then the coefficients
+    (:data:`fused_layers.BOOST_TERMS`)."""
+    p = ambient_boost_parts(x, f, alpha, strength, k)
+    dots, tok, s = p.dots, p.tok, p.dots.sign
+    gs, xs = grad[..., 1:], x[..., 1:]
+    g_u = _unit_dot((gs * xs).sum(-1), (gs[..., 0], xs[..., 0]), torch.ones_like(p.norm_x), p.norm_x)
+    g_dots = CotangentDots(g_u, (gs * p.d).sum(-1))
     sk = math.sqrt(k)
     sinh_a, cosh_a = sinh_cosh(tok.a_new.abs())
-    g_dir_dot = boost_direction_dot(tok, g_dots, grad[..., 1])
-    g_radius = sk * (grad[..., 0] * sinh_a + cosh_a * tok.flip * g_dir_dot)
-    g = boost_gradients(tok, dots, g_dots, alpha, g_radius, sk * sinh_a, g_dir_dot)
-    s, h = dots.sign, tok.h
+    g_dir = torch.where(
+        tok.norm > 0, (tok.t * g_dots.u + tok.sigma * g_dots.d) * inverse_or_zero(tok.norm), gs[..., 0]
+    )
+    g_radius = sk * (grad[..., 0] * sinh_a + cosh_a * tok.flip * g_dir)  # g_dir = g_s . D / |D| (e_0 at D = 0)
+    g = boost_gradients(tok, dots, g_dots, alpha, g_radius, sk * sinh_a)
     eu, ev = g.u, g.v
     g_v_dot = g_dots.d + s * g_dots.u  # g_s . v
+    eu_dot = eu.g * g_dots.u + eu.u * dots.uu + eu.d * dots.ud  # g_u . u
+    ev_dot = ev.g * g_v_dot + ev.u * (dots.ud + s * dots.uu) + ev.d * (dots.dd + s * dots.ud)  # g_v . v
     inv_x, inv_f = inverse_or_zero(p.norm_x), inverse_or_zero(p.norm_f)
-    cx = BoostCoefficients(eu.g * inv_x, (s * h * eu.d - eu.g * g_dots.u) * inv_x, eu.d * inv_x)
-    cf = BoostCoefficients(
-        ev.g * inv_f,
-        (h * (ev.u - s * ev.d) - s * ev.g * g_v_dot) * inv_f,
-        (ev.d * (1.0 - h) - ev.g * g_v_dot - ev.u * dots.cos) * inv_f,
-    )
+    cx = BoostCoefficients(eu.g * inv_x, (eu.u - eu_dot) * inv_x, eu.d * inv_x)
+    cf = BoostCoefficients(ev.g * inv_f, (ev.u - s * ev_dot) * inv_f, (ev.d - ev_dot) * inv_f)
     g_b = g.b if strength is None else g.b * strength
-    gs = grad[..., 1:]
     g_x = torch.cat([(g.a * _arcosh_slope(x, k)).unsqueeze(-1), cx.combine(gs, p.u, p.d)], -1)
     g_f = torch.cat([(g_b * _arcosh_slope(f, k)).unsqueeze(-1), cf.combine(gs, p.u, p.d)], -1)
     return g_x, g_f, g.alpha, *cx, *cf

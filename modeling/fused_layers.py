@@ -3,9 +3,11 @@ HoPE boost; HOPE rotation), the boost residual (Eq. 12) and the heads' direct co
 autograd Function with a hand-derived backward.
 
 Each saves only its inputs, its output and per-token scalars, and recomputes the rest.  The formulas that the
-reference layers share with these (the Polar-FC epilogue :func:`polar_fc_epilogue`, the boost residual
-:func:`boost_residual_step`) have their one home here: the reference layers call the same functions and let
-autograd differentiate them.  Cores are compiled kernels in float32 on the CPU (:mod:`cpu_kernels`).
+reference layers share with these (the Polar-FC epilogue :func:`polar_fc_epilogue`) have their one home here: the
+reference layers call the same functions and let autograd differentiate them.  The boost residual has its vector
+form here (:func:`boost_residual_step`, the reference layers') and its per-token form (:func:`boost_tokens`,
+:func:`boost_gradients`, both arithmetics' fused layers).  Cores are compiled kernels in float32 on the CPU
+(:mod:`cpu_kernels`).
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and sibling modules.
 """
@@ -43,8 +45,18 @@ __all__ = [
     "FusedReservedAxesEncoding",
     "GEMM_ALIGN",
     "RadiusRuleGradients",
-    "TOKEN_TERMS",
+    "BOOST_TERMS",
+    "BoostCoefficients",
+    "BoostDots",
+    "BoostGradients",
+    "BoostTokens",
+    "CotangentDots",
+    "boost_direction",
+    "boost_dots",
+    "boost_gradients",
     "boost_residual_step",
+    "boost_tokens",
+    "perp_difference",
     "fused_boost_residual",
     "fused_direct_concat",
     "fused_polar_fc",
@@ -521,203 +533,223 @@ def fused_reserved_axes_encoding(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind
 # --------------------------------------------------------------------------------------------
 # boost residual (Eq. 12)
 # --------------------------------------------------------------------------------------------
-TOKEN_TERMS = 2  # per-token terms the boost residual's kernel functions return last (:func:`_token_terms`)
-
-
-class BoostResidualState(NamedTuple):
-    """The intermediates of :func:`boost_residual_step` its backward uses (per token unless ``(.., n)``)."""
-
-    u: Tensor
-    v: Tensor
-    b: Tensor
-    cos: Tensor
-    sign: Tensor
-    d: Tensor
-    h: Tensor
-    v_perp: Tensor
-    b_par: Tensor
-    step: Tensor
-    omega_sq: Tensor
-    small: Tensor
-    cosh_w: Tensor
-    sinhc: Tensor
-    tanh_a: Tensor
-    norm: Tensor
-    direction: Tensor
-    flip: Tensor
-    a_new: Tensor
-
-
-def boost_residual_step(
-    a: Tensor,
-    u: Tensor,
-    b: Tensor,
-    v: Tensor,
-    alpha: Tensor,
-    saved: tuple[Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor, BoostResidualState]:
+def boost_residual_step(a: Tensor, u: Tensor, b: Tensor, v: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
     """Eq. 12 for ``x = (a, u)`` and ``f(x) = (b, v)`` (radii over ``sqrt(k)``; ``b`` already scaled by the
-    stochastic depth), over the tokens of each sample ``(..., N)``: ``(|a'|, u', state)`` with
+    stochastic depth), over the tokens of each sample ``(..., N)``: ``(|a'|, u')`` with
 
         a' = a + alpha (b_par - mean_N b_par),   b_par = b (u . v),
         u' = sign(a') D / |D|,   D = tanh(a) u + sinhc(alpha b |v_perp|) alpha b v_perp
 
-    and the stable ``v_perp`` of :func:`stable_math.perp_parts`.  Differentiable by autograd (the reference layer)
-    and the forward of :class:`FusedBoostResidual` (whose backward is by hand).  ``saved`` holds ``(u', |D|)`` of
-    an earlier evaluation at the same inputs (the backward's recomputation, from the forward's output): ``D`` is
-    then not formed again, and the returned ``u'`` is the saved one.
-    """
-    v_perp, sign, h, d = perp_parts(v, u)
-    cos = (u * v).sum(-1)
-    b_par = b * cos
+    and the stable ``v_perp`` of :func:`stable_math.perp_parts`.  The reference layer, differentiated by autograd;
+    the fused layers compute the same per token (:func:`boost_tokens`)."""
+    v_perp = perp_parts(v, u)[0]
+    b_par = b * (u * v).sum(-1)
     a_new = a + alpha * (b_par - b_par.mean(-1, keepdim=True))
-    step = alpha * b  # the perpendicular step is step * v_perp
-    omega_sq = step.square() * v_perp.square().sum(-1)
+    step = alpha * b
+    sinhc = sinhc_sq(step.square() * v_perp.square().sum(-1))[0]
+    big_d = torch.addcmul(torch.tanh(a).unsqueeze(-1) * u, (sinhc * step).unsqueeze(-1), v_perp)
+    flip = torch.where(a_new < 0, -1.0, 1.0).to(u.dtype)
+    return a_new.abs(), flip.unsqueeze(-1) * safe_normalize(big_d)
+
+
+class BoostDots(NamedTuple):
+    """The per-token sums over the directions ``u`` (of ``x``) and ``v`` (of ``f(x)``) that Eq. 12 reads, ``(..)``
+    each: ``u . v``, ``s = sign(u . v)`` (1 at 0), and with ``d = v - s u`` (formed from the difference itself: no
+    cancellation for nearly aligned or opposite directions) ``|u|^2``, ``|d|^2`` and ``u . d``."""
+
+    cos: Tensor
+    sign: Tensor
+    uu: Tensor
+    dd: Tensor
+    ud: Tensor
+
+
+class CotangentDots(NamedTuple):
+    """``g . u`` and ``g . d`` per token for the cotangent ``g`` of the output's directions."""
+
+    u: Tensor
+    d: Tensor
+
+
+def perp_difference(u: Tensor, v: Tensor, sign: Tensor) -> Tensor:
+    """``d = v - s u`` ``(.., n)`` (:func:`stable_math.perp_parts`)."""
+    return v - sign.unsqueeze(-1) * u
+
+
+def boost_dots(u: Tensor, v: Tensor, cos: Tensor) -> tuple[BoostDots, Tensor]:
+    """:class:`BoostDots` of the directions ``u, v (.., n)`` given ``u . v`` (a first pass over the coordinates),
+    in a second pass, and ``d``."""
+    sign = torch.where(cos >= 0, 1.0, -1.0)
+    d = perp_difference(u, v, sign)
+    return BoostDots(cos, sign, (u * u).sum(-1), (d * d).sum(-1), (u * d).sum(-1)), d
+
+
+class BoostTokens(NamedTuple):
+    """Eq. 12 per token (:func:`boost_residual_step`'s quantities; radii over ``sqrt(k)``): ``b`` (scaled by the
+    stochastic depth), ``h = |d|^2 / 2``, ``b_par = b (u . v)``, ``a'``, ``step = alpha b``, ``P = |v_perp|^2 =
+    |d|^2 + 2 s h (u . d) + h^2 |u|^2``, ``omega^2 = step^2 P``, ``sinhc(omega)``, ``cosh(omega)``, whether
+    ``omega`` is in the series range, ``tanh a``, ``sigma = sinhc(omega) step``, ``t = tanh a + sigma s h`` (so
+    ``D = t u + sigma d``), ``|D| = sqrt(t^2 |u|^2 + 2 t sigma (u . d) + sigma^2 |d|^2)`` and ``sign(a')`` as a
+    factor."""
+
+    b: Tensor
+    h: Tensor
+    b_par: Tensor
+    a_new: Tensor
+    step: Tensor
+    vperp_sq: Tensor
+    omega_sq: Tensor
+    sinhc: Tensor
+    cosh_w: Tensor
+    small: Tensor
+    tanh_a: Tensor
+    sigma: Tensor
+    t: Tensor
+    norm: Tensor
+    flip: Tensor
+
+
+def boost_tokens(a: Tensor, b: Tensor, alpha: Tensor, dots: BoostDots) -> BoostTokens:
+    """:class:`BoostTokens` from the radii and :class:`BoostDots`: every vector of Eq. 12 is ``u`` and ``d``
+    combined per token (``v_perp = d + s h u``), so its norms are per-token formulas of the dot products."""
+    s, uu, dd, ud = dots.sign, dots.uu, dots.dd, dots.ud
+    h = 0.5 * dd
+    b_par = b * dots.cos
+    a_new = a + alpha * (b_par - b_par.mean(-1, keepdim=True))
+    step = alpha * b
+    vperp_sq = dd + s * dd * ud + h.square() * uu
+    omega_sq = step.square() * vperp_sq
     sinhc, cosh_w, _, small = sinhc_sq(omega_sq)
     tanh_a = torch.tanh(a)
-    flip = torch.where(a_new < 0, -1.0, 1.0).to(u.dtype)
-    if saved is None:
-        big_d = torch.addcmul(tanh_a.unsqueeze(-1) * u, (sinhc * step).unsqueeze(-1), v_perp)
-        norm = torch.linalg.vector_norm(big_d, dim=-1)
-        direction = safe_normalize(big_d, norm)
-    else:  # D / |D| = sign(a') u' (the backward's projection is the same for either sign)
-        u_new, norm = saved
-        direction = flip.unsqueeze(-1) * u_new
-    state = BoostResidualState(
-        u,
-        v,
-        b,
-        cos,
-        sign,
-        d,
-        h,
-        v_perp,
-        b_par,
-        step,
-        omega_sq,
-        small,
-        cosh_w,
-        sinhc,
-        tanh_a,
-        norm,
-        direction,
-        flip,
-        a_new,
-    )
-    return a_new.abs(), flip.unsqueeze(-1) * direction, state
-
-
-def _boost_residual_state(
-    x: Tensor,
-    f: Tensor,
-    alpha: Tensor,
-    strength: Tensor | None,
-    sqrt_k: float,
-    saved: tuple[Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor, BoostResidualState]:
-    """:func:`boost_residual_step` on packed points ``x``, ``f``."""
-    b = f[..., 0] / sqrt_k
-    return boost_residual_step(
-        x[..., 0] / sqrt_k, x[..., 1:], b if strength is None else b * strength, f[..., 1:], alpha, saved
+    sigma = sinhc * step
+    t = tanh_a + sigma * s * h
+    norm = torch.sqrt((t.square() * uu + 2.0 * t * sigma * ud + sigma.square() * dd).clamp_min(0.0))
+    flip = torch.where(a_new < 0, -1.0, 1.0)
+    return BoostTokens(
+        b, h, b_par, a_new, step, vperp_sq, omega_sq, sinhc, cosh_w, small, tanh_a, sigma, t, norm, flip
     )
 
 
-def _boost_residual_output(
-    x: Tensor,
-    f: Tensor,
-    alpha: Tensor,
-    strength: Tensor | None,
-    sqrt_k: float,
-) -> tuple[Tensor, BoostResidualState]:
-    """The packed output ``[sqrt(k) |a'|, u']`` of :func:`boost_residual_step` on packed points, and its state."""
-    radius, direction, state = _boost_residual_state(x, f, alpha, strength, sqrt_k)
-    return torch.cat([(sqrt_k * radius).unsqueeze(-1), direction], dim=-1), state
+def boost_direction(tok: BoostTokens, u: Tensor, d: Tensor) -> Tensor:
+    """``u' = sign(a') D / |D|`` ``(.., n)`` with ``D = t u + sigma d`` (``e_0`` where ``D = 0``)."""
+    return tok.flip.unsqueeze(-1) * safe_normalize(tok.t.unsqueeze(-1) * u + tok.sigma.unsqueeze(-1) * d, tok.norm)
 
 
-def _boost_residual_backward(
-    grad: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float, st: BoostResidualState
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dL/dx, dL/df, dL/dalpha)`` of :func:`_boost_residual_output`."""
-    u, v, b, sign, d, v_perp, step, flip = st.u, st.v, st.b, st.sign, st.d, st.v_perp, st.step, st.flip
-    g_a_new = grad[..., 0] * sqrt_k * torch.sign(st.a_new)  # d|a'|/da' = sign(a') (0 at 0, as torch.abs)
-    g_dir = grad[..., 1:] * flip.unsqueeze(-1)
-    # direction = D / |D| with D = tanh(a) u + sinhc(omega) step v_perp
-    norm, direction = st.norm, st.direction
-    inv = inverse_or_zero(norm)
-    g_big_d = (g_dir - (g_dir * direction).sum(-1, keepdim=True) * direction) * inv.unsqueeze(-1)
-    tanh_a, sinhc = st.tanh_a, st.sinhc
-    g_a = (1.0 - tanh_a.square()) * (g_big_d * u).sum(-1)
-    g_u = tanh_a.unsqueeze(-1) * g_big_d
-    g_vperp_dot = (g_big_d * v_perp).sum(-1)  # dL/d(sinhc step) per token
+class BoostCoefficients(NamedTuple):
+    """A vector ``c_g g + c_u u + c_d d`` of Eq. 12's backward by its per-token coefficients on the cotangent ``g``
+    of the output's directions and on ``u``, ``d``."""
+
+    g: Tensor
+    u: Tensor
+    d: Tensor
+
+    def combine(self, g: Tensor, u: Tensor, d: Tensor) -> Tensor:
+        """The vector ``(.., n)``."""
+        return self.g.unsqueeze(-1) * g + self.u.unsqueeze(-1) * u + self.d.unsqueeze(-1) * d
+
+
+class BoostGradients(NamedTuple):
+    """The gradients of Eq. 12 with respect to ``a``, ``b`` (before the stochastic depth's scaling) and ``alpha``,
+    and those of ``u`` and ``v`` as :class:`BoostCoefficients`."""
+
+    a: Tensor
+    b: Tensor
+    alpha: Tensor
+    u: BoostCoefficients
+    v: BoostCoefficients
+
+
+def boost_gradients(
+    tok: BoostTokens, dots: BoostDots, g_dots: CotangentDots, alpha: Tensor, g_radius: Tensor, scale: Tensor
+) -> BoostGradients:
+    """The backward of :func:`boost_tokens` and :func:`boost_direction` for the cotangents ``g_radius`` of ``|a'|``
+    and ``scale g`` of ``u'``, every vector kept as its coefficients on ``(g, u, d)``, for any ``u, v`` (the
+    dot products' gradients: ``d|d|^2 = 2 d (dv - s du)``, ``d(u . d) = (d - s u) du + u dv``, ``d(u . v) = v du +
+    u dv`` with ``v = d + s u``):
+
+        g_D = scale sign(a') (g - (g . D) D / |D|^2) / |D|,   D = t u + sigma d
+        g_t = g_D . u,  g_sigma = g_D . d + s h g_t,  g_h = s sigma g_t,  g_omega^2 = step sinhc'(omega^2) g_sigma
+        g_P = step^2 g_omega^2,  g_|d|^2 = g_P (1 + s u . d + h |u|^2) + g_h / 2,  g_(u.d) = 2 s h g_P,
+        g_|u|^2 = h^2 g_P
+        g_u = (t - s sigma) g_D - 2 s g_|d|^2 d + g_(u.d) (d - s u) + 2 g_|u|^2 u + g_cos v
+        g_v = sigma g_D + 2 g_|d|^2 d + g_(u.d) u + g_cos u
+    """
+    s, h, sigma, t, step = dots.sign, tok.h, tok.sigma, tok.t, tok.step
+    inv = inverse_or_zero(tok.norm)
+    gamma = scale * tok.flip * inv
+    along = -gamma * (t * g_dots.u + sigma * g_dots.d) * inv.square()
+    g_big_d = BoostCoefficients(gamma, along * t, along * sigma)
+    g_t = g_big_d.g * g_dots.u + g_big_d.u * dots.uu + g_big_d.d * dots.ud
+    g_sigma = g_big_d.g * g_dots.d + g_big_d.u * dots.ud + g_big_d.d * dots.dd + s * h * g_t
+    g_h = s * sigma * g_t
     # sinhc(omega) as a function of omega^2: d sinhc / d omega^2 = (cosh w - sinhc) / (2 w^2)
-    omega_sq, small = st.omega_sq, st.small
-    slope = torch.where(
-        small,
-        torch.full_like(omega_sq, 1.0 / 6.0),
-        (st.cosh_w - sinhc) / (2.0 * torch.where(small, torch.ones_like(omega_sq), omega_sq)),
-    )
-    g_omega_sq = g_vperp_dot * step * slope
-    vperp_sq = v_perp.square().sum(-1)
-    g_step = g_vperp_dot * sinhc + g_omega_sq * 2.0 * step * vperp_sq
-    g_vperp = (sinhc * step).unsqueeze(-1) * g_big_d + (g_omega_sq * 2.0 * step.square()).unsqueeze(-1) * v_perp
+    small = tok.small
+    slope = torch.where(small, 1.0 / 6.0, (tok.cosh_w - tok.sinhc) / (2.0 * torch.where(small, 1.0, tok.omega_sq)))
+    g_omega_sq = g_sigma * step * slope
+    g_step = g_sigma * tok.sinhc + g_omega_sq * 2.0 * step * tok.vperp_sq
+    g_p = g_omega_sq * step.square()
+    g_dd = g_p * (1.0 + s * dots.ud + h * dots.uu) + 0.5 * g_h
+    g_ud = 2.0 * s * h * g_p
+    g_uu = h.square() * g_p
     # a' = a + alpha (b_par - mean b_par), b_par = b (u . v), step = alpha b
-    b_par = st.b_par
-    g_a = g_a + g_a_new
+    g_a_new = g_radius * torch.sign(tok.a_new)  # d|a'|/da' = sign(a') (0 at 0, as torch.abs)
     g_b_par = alpha * (g_a_new - g_a_new.mean(-1, keepdim=True))
-    g_alpha = sum_dims(g_a_new * (b_par - b_par.mean(-1, keepdim=True))) + sum_dims(g_step * b)
-    g_b = g_b_par * st.cos + g_step * alpha
-    g_cos = g_b_par * b
-    # v_perp = d + s h u, h = |d|^2 / 2, d = v - s u
-    g_h = sign * (g_vperp * u).sum(-1)
-    g_d = torch.addcmul(g_vperp, g_h.unsqueeze(-1), d)
-    g_u = g_u + (sign * st.h).unsqueeze(-1) * g_vperp - sign.unsqueeze(-1) * g_d + g_cos.unsqueeze(-1) * v
-    g_v = g_d + g_cos.unsqueeze(-1) * u
-    if strength is not None:
-        g_b = g_b * strength
-    g_x = torch.cat([(g_a / sqrt_k).unsqueeze(-1), g_u], dim=-1)
-    g_f = torch.cat([(g_b / sqrt_k).unsqueeze(-1), g_v], dim=-1)
-    return g_x, g_f, g_alpha
+    g_alpha = sum_dims(g_a_new * (tok.b_par - tok.b_par.mean(-1, keepdim=True))) + sum_dims(g_step * tok.b)
+    g_cos = g_b_par * tok.b
+    explicit = t - s * sigma
+    g_u = BoostCoefficients(
+        explicit * g_big_d.g,
+        explicit * g_big_d.u - s * g_ud + 2.0 * g_uu + s * g_cos,
+        explicit * g_big_d.d - 2.0 * s * g_dd + g_ud + g_cos,
+    )
+    g_v = BoostCoefficients(sigma * g_big_d.g, sigma * g_big_d.u + g_ud + g_cos, sigma * g_big_d.d + 2.0 * g_dd)
+    g_a = (1.0 - tok.tanh_a.square()) * g_t + g_a_new
+    return BoostGradients(g_a, g_b_par * dots.cos + g_step * alpha, g_alpha, g_u, g_v)
 
 
-def _token_terms(state: BoostResidualState) -> tuple[Tensor, Tensor]:
-    """``(sinhc(omega), tanh a)`` per token, which the boost residual's kernel functions return last and their caller
-    drops (:data:`TOKEN_TERMS`).  As outputs, a compiled kernel stores them once per token; as intermediates,
-    inductor evaluates their ``expm1``, ``sqrt``, ``tanh`` and divisions again in every vectorised loop over the
-    coordinates that reads them, in scalar code (its compiler flags keep ``errno``, so the compiler may not hoist
-    them out of the loop): the forward kernel took 1.4x, the backward kernel 1.3x their time that way."""
-    return state.sinhc, state.tanh_a
+BOOST_TERMS = 6  # the per-token coefficients the boost residuals' backward kernels return last (stored once)
+
+
+def _boost_residual_parts(
+    x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float
+) -> tuple[BoostDots, BoostTokens, Tensor]:
+    """:class:`BoostDots`, :class:`BoostTokens` and ``d`` of packed points ``x``, ``f``."""
+    u, v = x[..., 1:], f[..., 1:]
+    dots, d = boost_dots(u, v, (u * v).sum(-1))
+    b = f[..., 0] / sqrt_k
+    return dots, boost_tokens(x[..., 0] / sqrt_k, b if strength is None else b * strength, alpha, dots), d
 
 
 def _boost_residual_forward(
     x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The output of :func:`_boost_residual_output` and ``|D|`` per token (the Function's forward kernel), then
-    :func:`_token_terms`."""
-    out, state = _boost_residual_output(x, f, alpha, strength, sqrt_k)
-    return out, state.norm, *_token_terms(state)
+) -> tuple[Tensor, BoostTokens]:
+    """The packed output ``[sqrt(k) |a'|, u']`` of Eq. 12 on packed points (the Function's forward kernel): two
+    passes of sums over the coordinates and one that writes; then the per-token terms, stored once."""
+    dots, tok, d = _boost_residual_parts(x, f, alpha, strength, sqrt_k)
+    out = torch.cat([(sqrt_k * tok.a_new.abs()).unsqueeze(-1), boost_direction(tok, x[..., 1:], d)], dim=-1)
+    return out, tok
 
 
 def _boost_residual_gradients(
-    grad: Tensor,
-    x: Tensor,
-    f: Tensor,
-    alpha: Tensor,
-    strength: Tensor | None,
-    out: Tensor,
-    norm: Tensor,
-    sqrt_k: float,
+    grad: Tensor, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float
 ) -> tuple[Tensor, ...]:
-    """The forward recomputed with its output's direction and ``|D|`` (:func:`boost_residual_step`'s ``saved``),
-    then :func:`_boost_residual_backward`: ``(dL/dx, dL/df, dL/dalpha)``, then :func:`_token_terms`."""
-    state = _boost_residual_state(x, f, alpha, strength, sqrt_k, (out[..., 1:], norm))[2]
-    return *_boost_residual_backward(grad, alpha, strength, sqrt_k, state), *_token_terms(state)
+    """``(dL/dx, dL/df, dL/dalpha)`` of :func:`_boost_residual_forward`, its per-token terms recomputed and
+    differentiated (:func:`boost_gradients`): two passes of sums and one that writes both gradients; then the
+    coefficients of the two direction gradients (:data:`BOOST_TERMS`)."""
+    dots, tok, d = _boost_residual_parts(x, f, alpha, strength, sqrt_k)
+    gs, u = grad[..., 1:], x[..., 1:]
+    g_dots = CotangentDots((gs * u).sum(-1), (gs * d).sum(-1))
+    g = boost_gradients(tok, dots, g_dots, alpha, grad[..., 0] * sqrt_k, torch.ones_like(tok.t))
+    g_b = g.b if strength is None else g.b * strength
+    g_x = torch.cat([(g.a / sqrt_k).unsqueeze(-1), g.u.combine(gs, u, d)], dim=-1)
+    g_f = torch.cat([(g_b / sqrt_k).unsqueeze(-1), g.v.combine(gs, u, d)], dim=-1)
+    return g_x, g_f, g.alpha, *g.u, *g.v
 
 
 class FusedBoostResidual(torch.autograd.Function):
     r"""The boost residual of Eq. 12 (:func:`boost_residual_step`) as one function.  Saved: the two inputs,
-    ``alpha``, the stochastic-depth strength, the output (the next layer keeps it too: no memory of its own) and
-    ``|D|`` per token; backward recomputes the per-token forward but ``D``, whose norm it would sum again over the
-    coordinates, and differentiates it by hand."""
+    ``alpha`` and the stochastic-depth strength; backward recomputes the per-token terms and differentiates them by
+    hand (:func:`boost_gradients`)."""
 
     @staticmethod
     def forward(
@@ -728,17 +760,17 @@ class FusedBoostResidual(torch.autograd.Function):
         strength: Tensor | None,
         sqrt_k: float,  # noqa: D102
     ) -> Tensor:
-        out, norm = run_maybe_compiled(_boost_residual_forward, x, x, f, alpha, strength, sqrt_k)[:2]
-        ctx.save_for_backward(x, f, alpha, strength, out, norm)
+        out = run_maybe_compiled(_boost_residual_forward, x, x, f, alpha, strength, sqrt_k)[0]
+        ctx.save_for_backward(x, f, alpha, strength)
         ctx.sqrt_k = sqrt_k
         return out
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        x, f, alpha, strength, out, norm = ctx.saved_tensors
-        grads = run_maybe_compiled(_boost_residual_gradients, x, grad, x, f, alpha, strength, out, norm, ctx.sqrt_k)
-        g_x, g_f, g_alpha = grads[:-TOKEN_TERMS]
+        x, f, alpha, strength = ctx.saved_tensors
+        grads = run_maybe_compiled(_boost_residual_gradients, x, grad, x, f, alpha, strength, ctx.sqrt_k)
+        g_x, g_f, g_alpha = grads[:-BOOST_TERMS]
         return g_x, g_f, g_alpha, None, None
 
 

@@ -292,9 +292,7 @@ class ManifoldOps(ABC):
         r, u = self.polar(x)
         r_f, v = self.polar(f)
         b = r_f / self.sqrt_k
-        radius, direction, _ = boost_residual_step(
-            r / self.sqrt_k, u, b if strength is None else b * strength, v, alpha
-        )
+        radius, direction = boost_residual_step(r / self.sqrt_k, u, b if strength is None else b * strength, v, alpha)
         return self.make(self.sqrt_k * radius, direction)
 
     def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:

@@ -602,48 +602,39 @@ def test_fused_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_p
     )
 
 
-def test_boost_residual_kernels_return_the_token_terms_they_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The forward kernel returns the output and ``|D|``, which the Function saves with its inputs (the output is
-    the next layer's input: no token-wide tensor of its own), then the per-token terms both kernel functions return
-    last (so that a compiled kernel stores them once per token): ``sinhc(omega) = sinh(omega) / omega`` of the
-    perpendicular step (1 at ``omega = 0``: an update along the token's own direction) and ``tanh a``, against torch
-    in float64 at radii up to 12.  The backward, which takes ``D / |D|`` from the saved output instead of forming
-    ``D`` again, gives the gradients of the full recomputation bit for bit."""
+def test_boost_residual_saves_only_its_inputs_and_writes_per_token_combinations():
+    """Saved: the two inputs and ``alpha`` (no token-wide tensor of its own).  The forward kernel function returns
+    the output, then the per-token terms (:class:`fused_layers.BoostTokens`: ``sinhc(omega)`` of the perpendicular
+    step, 1 where ``f`` is along ``x``, and ``tanh a`` against torch at radii up to 12); the backward's gradients are
+    those of the kernel function, whose direction gradients are ``c_g g + c_u u + c_d d`` with the per-token
+    coefficients it returns last."""
     x = PolarOps.make(radii(2, 5, rmax=12.0), directions(2, 5, 6)).requires_grad_(True)
     f_dirs = directions(2, 5, 6, seed=3)
     f_dirs[0, 1] = x[0, 1, 1:].detach()  # aligned: no perpendicular step
     f = PolarOps.make(radii(2, 5, rmax=3.0, seed=4), f_dirs).requires_grad_(True)
     alpha = torch.tensor(0.7, dtype=F64, requires_grad=True)
-    calls = {}
-    real = fused_layers.run_maybe_compiled
-
-    def spy(fn, like, *rest, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - a pass-through
-        out = real(fn, like, *rest, **kwargs)
-        calls[fn.__name__] = out
-        return out
-
-    monkeypatch.setattr(fused_layers, "run_maybe_compiled", spy)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         out = fused_boost_residual(x, f, alpha, None, 1.0)
-    wide = {t.data_ptr() for t in saved if t.numel() >= out.numel()}
-    assert wide == {x.data_ptr(), f.data_ptr(), out.data_ptr()} and len(saved) == 5  # x, f, alpha, output, |D|
-    grad = torch.randn_like(out)
-    grads = torch.autograd.grad((out * grad).sum(), [x, f, alpha])
-    forward, backward = calls["_boost_residual_forward"], calls["_boost_residual_gradients"]
-    assert torch.equal(forward[0], out) and len(forward) == 2 + fused_layers.TOKEN_TERMS
-    assert all(torch.equal(a, b) for a, b in zip(grads, backward)) and len(backward) == 3 + fused_layers.TOKEN_TERMS
-    state = fused_layers._boost_residual_output(x.detach(), f.detach(), alpha.detach(), None, 1.0)[1]
-    assert torch.equal(forward[1], state.norm)
-    full = fused_layers._boost_residual_backward(grad, alpha.detach(), None, 1.0, state)
-    assert all(torch.equal(a, b) for a, b in zip(full, backward))
-    omega = state.omega_sq.sqrt()
+    assert [t.data_ptr() for t in saved] == [x.data_ptr(), f.data_ptr(), alpha.data_ptr()]
+    forward = fused_layers._boost_residual_forward(x.detach(), f.detach(), alpha.detach(), None, 1.0)
+    assert torch.equal(forward[0], out)
+    tok = forward[1]
+    omega = tok.omega_sq.sqrt()
     assert (omega[0, 1] == 0).item() and (omega[1] > 0).all()
     sinhc = torch.where(omega > 0, torch.sinh(omega) / torch.where(omega > 0, omega, 1.0), 1.0)
-    for terms in (forward, backward):
-        got_sinhc, got_tanh = terms[-fused_layers.TOKEN_TERMS :]
-        assert torch.allclose(got_sinhc, sinhc, rtol=1e-13, atol=0)
-        assert torch.allclose(got_tanh, torch.tanh(x[..., 0].detach()), rtol=1e-14, atol=0)
+    assert torch.allclose(tok.sinhc, sinhc, rtol=1e-13, atol=0)
+    assert torch.allclose(tok.tanh_a, torch.tanh(x[..., 0].detach()), rtol=1e-14, atol=0)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad((out * grad).sum(), [x, f, alpha])
+    backward = fused_layers._boost_residual_gradients(grad, x.detach(), f.detach(), alpha.detach(), None, 1.0)
+    assert len(backward) == 3 + fused_layers.BOOST_TERMS
+    assert all(torch.equal(a, b) for a, b in zip(grads, backward))
+    u, v = x[..., 1:].detach(), f[..., 1:].detach()
+    d = fused_layers.perp_difference(u, v, torch.where((u * v).sum(-1) >= 0, 1.0, -1.0).to(F64))
+    for index, wide in ((3, backward[0]), (6, backward[1])):
+        coefficients = fused_layers.BoostCoefficients(*backward[index : index + 3])
+        assert torch.allclose(wide[..., 1:], coefficients.combine(grad[..., 1:], u, d), rtol=0, atol=1e-15)
 
 
 # --------------------------------------------------------------------------------------------
@@ -702,14 +693,14 @@ def test_fused_ambient_boost_residual_saves_only_its_inputs():
         out = fused_ambient_boost_residual(x, f, alpha, None, 1.0)
     assert [t.data_ptr() for t in saved] == [x.data_ptr(), f.data_ptr(), alpha.data_ptr()]
     forward = fused_ambient.ambient_boost_residual_forward(x.detach(), f.detach(), alpha.detach(), None, 1.0)
-    assert torch.equal(forward[0], out) and isinstance(forward[1], fused_ambient.BoostTokens)
+    assert torch.equal(forward[0], out) and isinstance(forward[1], fused_layers.BoostTokens)
     grad = torch.randn_like(out)
     grads = torch.autograd.grad((out * grad).sum(), [x, f, alpha])
     backward = fused_ambient.ambient_boost_residual_backward(grad, x.detach(), f.detach(), alpha.detach(), None, 1.0)
-    assert len(backward) == 3 + fused_ambient.BOOST_TERMS
+    assert len(backward) == 3 + fused_layers.BOOST_TERMS
     assert all(torch.equal(a, b) for a, b in zip(grads, backward))
-    parts = fused_ambient.ambient_boost_parts(x.detach(), f.detach(), alpha.detach(), None, 1.0, grad)
-    cx = fused_ambient.BoostCoefficients(*backward[3:6])
+    parts = fused_ambient.ambient_boost_parts(x.detach(), f.detach(), alpha.detach(), None, 1.0)
+    cx = fused_layers.BoostCoefficients(*backward[3:6])
     assert torch.allclose(backward[0][..., 1:], cx.combine(grad[..., 1:], parts.u, parts.d), rtol=0, atol=1e-15)
 
 
