@@ -1,7 +1,7 @@
 """The ambient twin's layers with hand-derived backward passes: the gyro layer norm
 (:meth:`ManifoldOps.gyro_layer_norm` in ambient coordinates, :class:`FusedAmbientGyroLayerNorm`), the Polar-FC's
 output points (Eq. 8 in ambient coordinates, :class:`FusedAmbientFCOutput`) and the boost residual (Eq. 12,
-:class:`FusedAmbientBoostResidual`), each with the formulas of :class:`manifold_ops.AmbientOps` (the textbook
+:func:`fused_ambient_boost_residual`), each with the formulas of :class:`manifold_ops.AmbientOps` (the textbook
 Lorentz formulas of :mod:`ambient`).
 
 The gyro layer norm, for the tokens ``x_i = (x_i0, x_is) (B, N, n+1)`` of a sample:
@@ -59,11 +59,12 @@ from .cpu_kernels import (
     sum_dims,
 )
 from .fused_layers import (
-    BOOST_TERMS,
     BoostCoefficients,
     BoostDots,
+    BoostKernels,
     BoostTokens,
     CotangentDots,
+    FusedBoostResidual,
     boost_direction,
     boost_dots,
     boost_gradients,
@@ -78,8 +79,8 @@ from .stable_math import inverse_or_zero, safe_normalize, sinh_cosh
 
 __all__ = [
     "AMBIENT_KERNELS",
+    "AMBIENT_BOOST",
     "AmbientBoostParts",
-    "FusedAmbientBoostResidual",
     "AmbientNormSaved",
     "FusedAmbientFCOutput",
     "FusedAmbientGyroLayerNorm",
@@ -461,30 +462,12 @@ def ambient_boost_residual_backward(
     return g_x, g_f, g.alpha, *cx, *cf
 
 
-class FusedAmbientBoostResidual(torch.autograd.Function):
-    """The boost residual (Eq. 12) of ambient points (:func:`ambient_boost_residual_forward`) with a hand-derived
-    backward (:func:`ambient_boost_residual_backward`).  Saved: the two inputs, ``alpha`` and the stochastic-depth
-    strength; backward recomputes the per-token terms."""
-
-    @staticmethod
-    def forward(  # noqa: D102
-        ctx: Any, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, k: float
-    ) -> Tensor:
-        out = run_maybe_compiled(ambient_boost_residual_forward, x, x, f, alpha, strength, k)[0]
-        ctx.save_for_backward(x, f, alpha, strength)
-        ctx.k = k
-        return out
-
-    @staticmethod
-    @first_order
-    def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        x, f, alpha, strength = ctx.saved_tensors
-        grads = run_maybe_compiled(ambient_boost_residual_backward, x, grad, x, f, alpha, strength, ctx.k)
-        return *grads[:-BOOST_TERMS], None, None
+AMBIENT_BOOST = BoostKernels(ambient_boost_residual_forward, ambient_boost_residual_backward)  # ambient points, k
 
 
 @opaque_to_torch_compile
 def fused_ambient_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, k: float) -> Tensor:
-    """The boost residual (Eq. 12) of ambient points ``x, f (B, N, n+1)``; ``strength (B, 1)`` or ``None``; see
-    :class:`FusedAmbientBoostResidual`."""
-    return FusedAmbientBoostResidual.apply(x, f, alpha, strength, float(k))
+    """The boost residual (Eq. 12) of ambient points ``x, f (B, N, n+1)``; ``strength (B, 1)`` or ``None``: a
+    :class:`fused_layers.FusedBoostResidual` with :func:`ambient_boost_residual_forward` and
+    :func:`ambient_boost_residual_backward`."""
+    return FusedBoostResidual.apply(x, f, alpha, strength, float(k), AMBIENT_BOOST)

@@ -44,11 +44,13 @@ __all__ = [
     "FusedPolarFC",
     "FusedReservedAxesEncoding",
     "GEMM_ALIGN",
+    "POLAR_BOOST",
     "RadiusRuleGradients",
     "BOOST_TERMS",
     "BoostCoefficients",
     "BoostDots",
     "BoostGradients",
+    "BoostKernels",
     "BoostTokens",
     "CotangentDots",
     "boost_direction",
@@ -746,39 +748,52 @@ def _boost_residual_gradients(
     return g_x, g_f, g.alpha, *g.u, *g.v
 
 
+class BoostKernels(NamedTuple):
+    """The kernel functions of a :class:`FusedBoostResidual`: ``forward(x, f, alpha, strength, constant) -> (out,
+    ...)`` and ``backward(grad, x, f, alpha, strength, constant) -> (g_x, g_f, g_alpha, *BOOST_TERMS
+    coefficients)``, with ``constant`` ``sqrt(k)`` for packed polar points, ``k`` for ambient ones."""
+
+    forward: Callable
+    backward: Callable
+
+
 class FusedBoostResidual(torch.autograd.Function):
-    r"""The boost residual of Eq. 12 (:func:`boost_residual_step`) as one function.  Saved: the two inputs,
-    ``alpha`` and the stochastic-depth strength; backward recomputes the per-token terms and differentiates them by
-    hand (:func:`boost_gradients`)."""
+    r"""The boost residual of Eq. 12 (:func:`boost_residual_step`) as one function, for either arithmetic's points
+    (:class:`BoostKernels`).  Saved: the two inputs, ``alpha`` and the stochastic-depth strength; backward
+    recomputes the per-token terms and differentiates them by hand (:func:`boost_gradients`)."""
 
     @staticmethod
-    def forward(
+    def forward(  # noqa: D102
         ctx: Any,
         x: Tensor,
         f: Tensor,
         alpha: Tensor,
         strength: Tensor | None,
-        sqrt_k: float,  # noqa: D102
+        constant: float,
+        kernels: BoostKernels,
     ) -> Tensor:
-        out = run_maybe_compiled(_boost_residual_forward, x, x, f, alpha, strength, sqrt_k)[0]
+        out = run_maybe_compiled(kernels.forward, x, x, f, alpha, strength, constant)[0]
         ctx.save_for_backward(x, f, alpha, strength)
-        ctx.sqrt_k = sqrt_k
+        ctx.constant, ctx.kernels = constant, kernels
         return out
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         x, f, alpha, strength = ctx.saved_tensors
-        grads = run_maybe_compiled(_boost_residual_gradients, x, grad, x, f, alpha, strength, ctx.sqrt_k)
+        grads = run_maybe_compiled(ctx.kernels.backward, x, grad, x, f, alpha, strength, ctx.constant)
         g_x, g_f, g_alpha = grads[:-BOOST_TERMS]
-        return g_x, g_f, g_alpha, None, None
+        return g_x, g_f, g_alpha, None, None, None
+
+
+POLAR_BOOST = BoostKernels(_boost_residual_forward, _boost_residual_gradients)  # packed polar points, sqrt(k)
 
 
 @opaque_to_torch_compile
 def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
     """Boost residual (Eq. 12) of ``x, f (B, N, n+1)`` (:class:`FusedBoostResidual`); ``strength (B, 1)`` or
     ``None``."""
-    return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k))
+    return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k), POLAR_BOOST)
 
 
 # --------------------------------------------------------------------------------------------

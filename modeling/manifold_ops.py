@@ -557,7 +557,7 @@ class FusedAmbientOps(AmbientOps):
     autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention`, the gyro
     layer norm :class:`fused_ambient.FusedAmbientGyroLayerNorm`, the Polar-FC's output points (the epilogue of
     Eq. 8, the radius rule and the ambient coordinates) :class:`fused_ambient.FusedAmbientFCOutput` and the boost
-    residual :class:`fused_ambient.FusedAmbientBoostResidual`, with hand-derived backward passes; the position
+    residual (:func:`fused_ambient.fused_ambient_boost_residual`), with hand-derived backward passes; the position
     encodings are a recomputed function (:func:`cpu_kernels.leading_columns`: backward recomputes and
     differentiates it); each a compiled kernel on the CPU.  Polar-FC's product is autograd's (it keeps the input
     points and the weight); the heads' concatenation keeps only its output (:class:`SpaceToPoint`)."""

@@ -265,8 +265,8 @@ def test_ambient_gyro_layer_norm_kernels_match_eager_and_float64(kernels_on, bia
 @pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0])
 @pytest.mark.parametrize("drop_path", [False, True])
 def test_ambient_boost_residual_kernels_match_eager_and_float64(kernels_on, rmax, drop_path):
-    """The ambient twin's boost residual (``FusedAmbientBoostResidual``) as compiled forward and hand-derived
-    backward kernels, with one pair of directions aligned."""
+    """The ambient twin's boost residual (``FusedBoostResidual`` with ``AMBIENT_BOOST``) as compiled forward and
+    hand-derived backward kernels, with one pair of directions aligned."""
     from polar_vit_hf.modeling import fused_ambient
 
     polar_x, polar_f = points(2, 9, 16, rmax, 1), points(2, 9, 16, 3.0, 2)

@@ -569,36 +569,49 @@ def test_fused_position_encoding_at_the_origin_differentiates_the_composition():
 # --------------------------------------------------------------------------------------------
 # boost residual (Eq. 12)
 # --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
 @pytest.mark.parametrize("case", ["generic", "aligned"])  # aligned: f along x, and one exactly opposite
 @pytest.mark.parametrize("rmax", RADII)
 @pytest.mark.parametrize("drop_path", [0.0, 0.5])
-def test_fused_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_path):
+def test_fused_boost_residual_matches_reference_and_gradcheck(arithmetic, case, rmax, drop_path):
+    """The fused boost residual (the step per token, every vector as coefficients on ``g, u, d``) against autograd
+    through the reference layer in float64, at the origin, aligned and opposite directions, with and without
+    stochastic depth; and gradcheck.  Ambient coordinates: central differences resolve radii from about 0.1 (the
+    direction of a shorter ``x_s`` bends within the step) up to about 4 (coordinates of size ``cosh(r / sqrt(k))``);
+    their outputs agree to 1e-12 of the largest coordinate."""
     k = 1.3
     torch.manual_seed(2)
     residual = BoostResidual(P.PolarViTConfig.from_preset("demo", k=k), drop_path).double().train()
     with torch.no_grad():
         residual.alpha.fill_(0.7)
-    x = PolarOps.make(radii(2, 5, rmax=rmax), directions(2, 5, 6, case=case)).requires_grad_(True)
+    ops, fused_ops = (PolarOps(k), FusedPolarOps(k)) if arithmetic == "polar" else (AmbientOps(k), FusedAmbientOps(k))
+    u = directions(2, 5, 6, case=case)
+    x = ops.make(radii(2, 5, rmax=rmax), u).requires_grad_(True)
     f_dirs = directions(2, 5, 6, seed=3)
     if case == "aligned":
-        f_dirs[:] = x[..., 1:].detach()[0, 0]
+        f_dirs[:] = u[0, 0]
         f_dirs[1, 2] = -f_dirs[1, 2]
-    f = PolarOps.make(radii(2, 5, rmax=3.0, seed=4), f_dirs).requires_grad_(True)
+    f = ops.make(radii(2, 5, rmax=3.0, seed=4), f_dirs).requires_grad_(True)
     outputs, grads = [], []
     weights = None
-    for fused in (False, True):
+    for chosen in (ops, fused_ops):
         torch.manual_seed(5)  # the same stochastic-depth draw
-        out = residual(x, f, FusedPolarOps(k) if fused else PolarOps(k))
+        out = residual(x, f, chosen)
         weights = torch.randn_like(out) if weights is None else weights
-        outputs.append(out)
+        outputs.append(out.detach())
         grads.append(torch.autograd.grad((out * weights).sum(), [x, f, residual.alpha]))
-    assert torch.allclose(outputs[1], outputs[0], rtol=1e-13, atol=1e-13)
+    rtol, atol = (1e-13, 1e-13) if arithmetic == "polar" else (1e-12, 1e-12 * float(outputs[0].abs().max()))
+    assert torch.allclose(outputs[1], outputs[0], rtol=rtol, atol=atol)
     for want, have in zip(*grads):
         assert torch.allclose(have, want, rtol=1e-10, atol=1e-10 * want.abs().max())
     strength = torch.tensor([[2.0], [0.0]], dtype=F64) if drop_path else None
-    shifted = PolarOps.make(radii(2, 5, rmax=rmax) + 0.01, x[..., 1:].detach()).requires_grad_(True)
+    if arithmetic == "polar":
+        shifted, fused = ops.make(radii(2, 5, rmax=rmax) + 0.01, u), fused_boost_residual
+    else:
+        shifted, fused = ops.make(radii(2, 5, rmax=min(rmax, 4.0)) + 0.1, u), fused_ambient_boost_residual
     assert gradcheck(
-        lambda x, f, alpha: fused_boost_residual(x, f, alpha, strength, math.sqrt(k)), [shifted, f, residual.alpha]
+        lambda x, f, alpha: fused(x, f, alpha, strength, math.sqrt(k) if arithmetic == "polar" else k),
+        [shifted.requires_grad_(True), f, residual.alpha],
     )
 
 
@@ -640,46 +653,6 @@ def test_boost_residual_saves_only_its_inputs_and_writes_per_token_combinations(
 # --------------------------------------------------------------------------------------------
 # the ambient twin's fused layers
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["generic", "aligned"])  # aligned: f along x, and one exactly opposite
-@pytest.mark.parametrize("rmax", RADII)
-@pytest.mark.parametrize("drop_path", [0.0, 0.5])
-def test_fused_ambient_boost_residual_matches_reference_and_gradcheck(case, rmax, drop_path):
-    """:class:`FusedAmbientBoostResidual` (the polar step per token, every vector as coefficients on ``g, u, d``)
-    against autograd through :meth:`AmbientOps.boost_residual` in float64, at the origin, aligned and opposite
-    directions, with and without stochastic depth; and gradcheck."""
-    k = 1.3
-    torch.manual_seed(2)
-    residual = BoostResidual(P.PolarViTConfig.from_preset("demo", k=k), drop_path).double().train()
-    with torch.no_grad():
-        residual.alpha.fill_(0.7)
-    ops = AmbientOps(k)
-    u = directions(2, 5, 6, case=case)
-    x = ops.make(radii(2, 5, rmax=rmax), u).requires_grad_(True)
-    f_dirs = directions(2, 5, 6, seed=3)
-    if case == "aligned":
-        f_dirs[:] = u[0, 0]
-        f_dirs[1, 2] = -f_dirs[1, 2]
-    f = ops.make(radii(2, 5, rmax=3.0, seed=4), f_dirs).requires_grad_(True)
-    outputs, grads = [], []
-    weights = None
-    for fused in (False, True):
-        torch.manual_seed(5)  # the same stochastic-depth draw
-        out = residual(x, f, FusedAmbientOps(k) if fused else ops)
-        weights = torch.randn_like(out) if weights is None else weights
-        outputs.append(out)
-        grads.append(torch.autograd.grad((out * weights).sum(), [x, f, residual.alpha]))
-    assert torch.allclose(outputs[1], outputs[0], rtol=1e-12, atol=1e-12 * float(outputs[0].detach().abs().max()))
-    for want, have in zip(*grads):
-        assert torch.allclose(have, want, rtol=1e-10, atol=1e-10 * want.abs().max())
-    strength = torch.tensor([[2.0], [0.0]], dtype=F64) if drop_path else None
-    # central differences of the ambient coordinates resolve radii from about 0.1 (the direction of a shorter x_s
-    # bends within the step) up to about 4 (coordinates of size cosh(r / sqrt(k)))
-    shifted = ops.make(radii(2, 5, rmax=min(rmax, 4.0)) + 0.1, u).requires_grad_(True)
-    assert gradcheck(
-        lambda x, f, alpha: fused_ambient_boost_residual(x, f, alpha, strength, k), [shifted, f, residual.alpha]
-    )
-
-
 def test_fused_ambient_boost_residual_saves_only_its_inputs():
     """Saved: the two inputs and ``alpha`` (no token-wide tensor of its own); the forward kernel function returns
     the output, then the per-token terms, and the backward's gradients are those of the recomputation's

@@ -275,8 +275,8 @@ def test_the_wall_clock_names_each_generic_kernel_function_by_what_it_runs():
     assert {
         "FusedAmbientGyroLayerNorm",
         "FusedAmbientGyroLayerNormBackward",
-        "FusedAmbientBoostResidual",
-        "FusedAmbientBoostResidualBackward",
+        "FusedBoostResidual",
+        "FusedBoostResidualBackward",
         "LeadingColumnsFunction[ambient_relative_position]",
         "LeadingColumnsFunctionBackward[ambient_relative_position]",
         "FusedAmbientFCOutput",
