@@ -78,8 +78,8 @@ from .fused_layers import (
 from .stable_math import inverse_or_zero, safe_normalize, sinh_cosh
 
 __all__ = [
-    "AMBIENT_KERNELS",
     "AMBIENT_BOOST",
+    "AMBIENT_KERNELS",
     "AmbientBoostParts",
     "AmbientNormSaved",
     "FusedAmbientFCOutput",
