@@ -251,6 +251,15 @@ def fused_ambient_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: 
 AmbientRule = tuple[Tensor, Tensor, Tensor, Tensor]  # Eq. 8's (beta, lambda, varphi, varphi_0)
 
 
+def _arcosh_slope(p: Tensor, k: float) -> Tensor:
+    """``d a / d x_0`` of ``a = arcosh(x_0 / sqrt(k))``: ``1 / (sqrt(k) sqrt((x - 1)(x + 1)))`` with ``x = x_0 /
+    sqrt(k)``; 0 where ``x`` rounds to 1 or below, where the slope is infinite."""
+    sk = math.sqrt(k)
+    x = p[..., 0] / sk
+    above = x > 1.0
+    return torch.where(above, torch.rsqrt(torch.where(above, (x - 1.0) * (x + 1.0), 1.0)) / sk, 0.0)
+
+
 @AMBIENT_KERNELS
 def ambient_fc_forward(
     h: Tensor, p: Tensor, rule: AmbientRule | None, k: float, gelu: bool
@@ -311,8 +320,7 @@ def ambient_fc_backward(
     g_rule = radius_rule_gradients(g_l, norm, a, token_outer_sum(g_l, chi))
     g_chi = heads_to_coordinates(g_l, klein_weight)  # (..., n)
     x0 = p[..., 0]
-    x = x0 / sk
-    g_a = torch.where(x > 1.0, (g_l @ radius_weight) * torch.rsqrt(x * x - 1.0) / sk, 0.0)
+    g_a = (g_l @ radius_weight) * _arcosh_slope(p, k)
     g_x0 = g_a - (g_chi * p[..., 1:]).sum(-1) / x0.square()
     return g_h, torch.cat([g_x0.unsqueeze(-1), g_chi / x0.unsqueeze(-1)], -1), g_rule
 
@@ -418,15 +426,6 @@ def ambient_boost_residual_forward(
     return torch.cat([(sk * cosh_a).unsqueeze(-1), space], -1), p.tok, sinh_a, cosh_a
 
 
-def _arcosh_slope(p: Tensor, k: float) -> Tensor:
-    """``d a / d x_0`` of ``a = arcosh(x_0 / sqrt(k))``: ``1 / (sqrt(k) sqrt((x - 1)(x + 1)))`` with ``x = x_0 /
-    sqrt(k)``; 0 where ``x`` rounds to 1 or below, where the slope is infinite."""
-    sk = math.sqrt(k)
-    x = p[..., 0] / sk
-    above = x > 1.0
-    return torch.where(above, torch.rsqrt(torch.where(above, (x - 1.0) * (x + 1.0), 1.0)) / sk, 0.0)
-
-
 @AMBIENT_KERNELS
 def ambient_boost_residual_backward(
     grad: Tensor, x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, k: float
@@ -439,9 +438,8 @@ def ambient_boost_residual_backward(
     (:data:`fused_layers.BOOST_TERMS`)."""
     p = ambient_boost_parts(x, f, alpha, strength, k)
     dots, tok, s = p.dots, p.tok, p.dots.sign
-    gs, xs = grad[..., 1:], x[..., 1:]
-    g_u = _unit_dot((gs * xs).sum(-1), (gs[..., 0], xs[..., 0]), torch.ones_like(p.norm_x), p.norm_x)
-    g_dots = CotangentDots(g_u, (gs * p.d).sum(-1))
+    gs = grad[..., 1:]
+    g_dots = CotangentDots((gs * p.u).sum(-1), (gs * p.d).sum(-1))  # beside the sums over u and d
     sk = math.sqrt(k)
     sinh_a, cosh_a = sinh_cosh(tok.a_new.abs())
     g_dir = torch.where(

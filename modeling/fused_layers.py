@@ -662,7 +662,12 @@ class BoostGradients(NamedTuple):
 
 
 def boost_gradients(
-    tok: BoostTokens, dots: BoostDots, g_dots: CotangentDots, alpha: Tensor, g_radius: Tensor, scale: Tensor
+    tok: BoostTokens,
+    dots: BoostDots,
+    g_dots: CotangentDots,
+    alpha: Tensor,
+    g_radius: Tensor,
+    scale: Tensor | float,
 ) -> BoostGradients:
     """The backward of :func:`boost_tokens` and :func:`boost_direction` for the cotangents ``g_radius`` of ``|a'|``
     and ``scale g`` of ``u'``, every vector kept as its coefficients on ``(g, u, d)``, for any ``u, v`` (the
@@ -741,7 +746,7 @@ def _boost_residual_gradients(
     dots, tok, d = _boost_residual_parts(x, f, alpha, strength, sqrt_k)
     gs, u = grad[..., 1:], x[..., 1:]
     g_dots = CotangentDots((gs * u).sum(-1), (gs * d).sum(-1))
-    g = boost_gradients(tok, dots, g_dots, alpha, grad[..., 0] * sqrt_k, torch.ones_like(tok.t))
+    g = boost_gradients(tok, dots, g_dots, alpha, grad[..., 0] * sqrt_k, 1.0)
     g_b = g.b if strength is None else g.b * strength
     g_x = torch.cat([(g.a / sqrt_k).unsqueeze(-1), g.u.combine(gs, u, d)], dim=-1)
     g_f = torch.cat([(g_b / sqrt_k).unsqueeze(-1), g.v.combine(gs, u, d)], dim=-1)
