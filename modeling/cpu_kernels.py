@@ -62,6 +62,7 @@ __all__ = [
     "kernel_threads",
     "kernel_use",
     "KernelUse",
+    "leading_cat",
     "leading_columns",
     "LeadingColumnsFunction",
     "map_tensors",
@@ -630,6 +631,21 @@ def _install_module_aliases(f_globals: dict[str, Any]) -> None:
     for name, module in list(sys.modules.items()):
         if module is not None and (name == package or name.startswith(package + ".")):
             f_globals.setdefault(f"__import_{name.replace('.', '_dot_')}", module)
+
+
+def leading_cat(first: Tensor, rest: Tensor) -> Tensor:
+    """``cat([first[..., None], rest], -1)``: a packed point or gradient ``(..., 1 + w)`` from its leading coordinate
+    ``first (...)`` and the others ``rest (..., w)``; inside a compiled kernel concatenated as ``(T, 1 + w)`` rows
+    (the leading sizes flattened) and viewed back.
+
+    Where a leading size is 1 (a Polar-FC of one head: ``(B, N, 1, w)``), inductor otherwise lays the concatenation
+    out in the order of the per-token column's strides, which a size-1 dimension leaves arbitrary: tokens adjacent,
+    coordinates ``N`` apart, then one more pass that transposes it into the output (measured: the ambient Polar-FC's
+    output kernel 0.72x the time with the GELU, 384 wide, and 0.65x at 192, batch 64; bit for bit the same)."""
+    if not torch.compiler.is_compiling():
+        return torch.cat([first.unsqueeze(-1), rest], dim=-1)
+    shape = (*rest.shape[:-1], rest.shape[-1] + 1)
+    return torch.cat([first.reshape(-1, 1), rest.reshape(-1, rest.shape[-1])], dim=-1).view(shape)
 
 
 def static_last_sizes(value: Any) -> Any:

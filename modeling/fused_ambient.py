@@ -52,6 +52,7 @@ from .ambient import (
 from .cpu_kernels import (
     first_order,
     inductor_options,
+    leading_cat,
     opaque_to_torch_compile,
     run_maybe_compiled,
     save_with_record,
@@ -280,7 +281,7 @@ def ambient_fc_forward(
     sinh_l = torch.exp(log_radius)
     space = (sk * sinh_l).unsqueeze(-1) * safe_normalize(h, norm)
     time = sk * torch.hypot(sinh_l, torch.ones_like(sinh_l))
-    return torch.cat([time.unsqueeze(-1), space], -1), norm, sinh_l
+    return leading_cat(time, space), norm, sinh_l
 
 
 @AMBIENT_KERNELS

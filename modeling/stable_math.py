@@ -88,6 +88,12 @@ def exp_weights(x: Tensor) -> Tensor:
     return torch.where(x < cutoff, 0.0, torch.exp(x.clamp_min(cutoff)))  # exp never rounds to a subnormal
 
 
+def _log1p_through(x: Tensor, u: Tensor, log_u: Tensor) -> Tensor:
+    """``log(1 + x)`` from ``u = 1 + x`` and ``log(u)``: ``log(u) x / (u - 1)``, ``x`` where ``u = 1`` (Goldberg 1991,
+    Theorem 4: the quotient corrects the rounding of ``1 + x``)."""
+    return torch.where(u == 1.0, x, log_u * (x / (u - 1.0)))
+
+
 def kernel_log1p(x: Tensor) -> Tensor:
     """``log(1 + x)`` for ``x > -1``, through ``log``, inside compiled kernels: ``u = 1 + x``, ``log(u) x / (u - 1)``
     (``x`` where ``u = 1``; Goldberg 1991, Theorem 4), within 1.4 ulp in float32; in the ambient attention kernels
@@ -96,19 +102,23 @@ def kernel_log1p(x: Tensor) -> Tensor:
     if not torch.compiler.is_compiling():
         return torch.log1p(x)
     u = 1.0 + x
-    return torch.where(u == 1.0, x, torch.log(u) * (x / (u - 1.0)))
+    return _log1p_through(x, u, torch.log(u))
 
 
 def kernel_acosh(x: Tensor) -> Tensor:
-    """``arcosh(x)`` for ``x >= 1``, through ``log``, inside compiled kernels: ``log1p(t + sqrt(t (t + 2)))`` with
-    ``t = x - 1`` (:func:`kernel_log1p`), ``ln x + ln 2`` from ``x = 2^26`` (where ``sqrt(x^2 - 1)`` rounds to ``x``);
-    eager, ``torch.acosh`` (scalar code on the CPU).  For hand-derived backward passes only."""
+    """``arcosh(x)`` for ``x >= 1``, through one ``log``, inside compiled kernels: ``log1p(w)``, ``w = t + sqrt(t (t +
+    2))`` with ``t = x - 1`` (:func:`kernel_log1p`'s form), ``ln x + ln 2`` from ``x = 2^26`` (where ``sqrt(x^2 - 1)``
+    rounds to ``x``): the ``log`` of ``x`` there and of ``1 + w`` below, one ``log`` for both branches (a kernel
+    evaluates both branches of a ``where``); eager, ``torch.acosh`` (scalar code on the CPU).  For hand-derived
+    backward passes only."""
     if not torch.compiler.is_compiling():
         return torch.acosh(x)
     t = x - 1.0
     far = x >= 67108864.0
-    near = kernel_log1p(t + torch.sqrt(t * (t + 2.0)))
-    return torch.where(far, torch.log(torch.where(far, x, 1.0)) + math.log(2.0), near)
+    w = t + torch.sqrt(t * (t + 2.0))
+    u = torch.where(far, x, 1.0 + w)
+    log_u = torch.log(u)
+    return torch.where(far, log_u + math.log(2.0), _log1p_through(w, u, log_u))
 
 
 def asinh_nonneg(s: Tensor) -> Tensor:

@@ -346,6 +346,25 @@ def test_ambient_polar_fc_output_kernels_match_eager_and_float64(kernels_on, rul
     assert really_compiled(fused_ambient.ambient_fc_forward, fused_ambient.ambient_fc_backward)
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 1, 7), (3, 1, 4, 7), (1, 1, 1, 7), (6, 7)])
+def test_leading_cat_is_the_concatenation_eager_and_compiled(shape):
+    """``leading_cat(first, rest)`` is ``cat([first[..., None], rest], -1)`` bit for bit, eagerly and inside a
+    compiled function, with sizes of one among the leading ones and ``rest`` a strided view; the compiled output is
+    contiguous."""
+    torch.manual_seed(7)
+    rest = torch.randn(*shape[:-1], 2 * shape[-1])[..., ::2]
+    first = torch.randn(shape[:-1])
+    want = torch.cat([first.unsqueeze(-1), rest], dim=-1)
+
+    def fn(first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.leading_cat(first * 2.0, rest * 2.0)  # computed inside the compiled function
+
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True)(first / 2.0, rest / 2.0)  # (halving is exact)
+    assert torch.equal(cpu_kernels.leading_cat(first, rest), want)
+    assert torch.equal(compiled, want)
+    assert compiled.is_contiguous()
+
+
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
 def test_a_models_kernels_compile_once_then_load_in_new_processes_and_match_eager(
     kernels_on, arithmetic, traced_kernels, tmp_path, monkeypatch, one_thread
