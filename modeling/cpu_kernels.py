@@ -15,8 +15,8 @@ Compiled kernels are kept on disk (:class:`PersistentKernel`, :func:`kernel_cach
 machine, torch and source, loaded in milliseconds by every later process.
 
 :class:`LeadingColumnsFunction` (:func:`leading_columns`) runs a pure tensor function of the first few coordinates
-of a tensor, the others passed through, without keeping its autograd graph: backward recomputes it and
-differentiates it with ``torch.func.vjp``.
+of a tensor, the others passed through, without keeping its autograd graph: backward runs the function's
+hand-derived backward on the saved columns.
 
 This module is part of the remote code of exported checkpoints: it imports only ``torch`` and :mod:`runtime`.
 """
@@ -71,7 +71,6 @@ __all__ = [
     "record_layout",
     "record_leaves",
     "recompute_vjp",
-    "recomputed_gradients",
     "run_at_hand",
     "run_maybe_compiled",
     "save_with_record",
@@ -757,45 +756,34 @@ class LeadingColumnsFunction(torch.autograd.Function):
     """``fn(x[..., :width], *tensors, *constants)`` in place of the first ``width`` coordinates of ``x``, its other
     coordinates passed through, for a pure function that changes only a few leading coordinates (the ambient twin's
     position encodings: the time and the four reserved coordinates), without an autograd graph of its
-    intermediates.  Saved: those columns of ``x`` and ``tensors``; backward recomputes ``fn`` on them and
-    differentiates it (:func:`recompute_vjp`), and passes the other columns' gradient through.  Each a compiled
-    kernel on the CPU where the whole call is large enough."""
+    intermediates.  Saved: those columns of ``x`` and ``tensors``; backward runs ``fn_backward(grad[..., :width],
+    x[..., :width], *tensors, *constants)``, which returns the gradients of the columns and of ``tensors``, and passes
+    the other columns' gradient through.  Each a compiled kernel on the CPU where the whole call is large enough."""
 
     @staticmethod
     def forward(  # noqa: D102
-        ctx: Any, fn: Callable, constants: tuple, width: int, x: Tensor, *tensors: Tensor
+        ctx: Any, fn: Callable, fn_backward: Callable, constants: tuple, width: int, x: Tensor, *tensors: Tensor
     ) -> Tensor:
-        ctx.fn, ctx.constants, ctx.width, ctx.size = fn, constants, width, x.numel()
+        ctx.fn, ctx.fn_backward, ctx.constants, ctx.width, ctx.size = fn, fn_backward, constants, width, x.numel()
         lead = x[..., :width].contiguous()
         ctx.save_for_backward(lead, *tensors)
-        return _leading_columns(x, _recomputed_forward(fn, constants, (lead, *tensors), x.numel()), width)
+        return _leading_columns(x, _run_bound(fn, constants, (lead, *tensors), x.numel()), width)
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         lead_grad = grad[..., : ctx.width].contiguous()
-        gradients = _recomputed_backward(ctx.fn, ctx.constants, lead_grad, ctx.saved_tensors, ctx.size)
-        return (None, None, None, _leading_columns(grad, gradients[0], ctx.width), *gradients[1:])
+        gradients = _run_bound(ctx.fn_backward, ctx.constants, (lead_grad, *ctx.saved_tensors), ctx.size)
+        return (None, None, None, None, _leading_columns(grad, gradients[0], ctx.width), *gradients[1:])
 
 
-def _recomputed_forward(fn: Callable, constants: tuple, tensors: tuple, size: int | None = None) -> Tensor:
+def _run_bound(fn: Callable, constants: tuple, tensors: tuple, size: int | None = None) -> Any:
     """``fn(*tensors, *constants)``, a compiled kernel where :func:`kernel_use` says so for the first tensor (or a
     call of ``size`` elements)."""
     use = kernel_use(tensors[0], size)
     if use is not None:  # (the cached binding is not traced inside torch.compile)
         return _through_kernel(use, bound(fn, constants), tensors[0], *tensors)
     return fn(*tensors, *constants)
-
-
-def _recomputed_backward(
-    fn: Callable, constants: tuple, grad: Tensor, tensors: tuple, size: int | None = None
-) -> tuple:
-    """The gradients of ``fn(*tensors, *constants)`` for the cotangent ``grad`` (:func:`recomputed_gradients`), a
-    compiled kernel as :func:`_recomputed_forward`."""
-    use = kernel_use(tensors[0], size)
-    if use is not None:
-        return _through_kernel(use, _vjp(fn, constants), tensors[0], grad, *tensors)
-    return recomputed_gradients(fn, constants, grad, tensors)
 
 
 def _leading_columns(x: Tensor, lead: Tensor, width: int) -> Tensor:
@@ -813,23 +801,10 @@ def bound(fn: Callable, constants: tuple) -> Callable:
     return _with_options_of(fn, lambda *tensors: fn(*tensors, *constants))
 
 
-@functools.cache
-def _vjp(fn: Callable, constants: tuple) -> Callable:
-    """``(grad, *tensors) -> gradients of fn(*tensors, *constants)`` by :func:`recompute_vjp` (one function object
-    per pair: one compiled kernel, ``fn``'s :func:`kernel_options`)."""
-    return _with_options_of(fn, lambda grad, *tensors: recomputed_gradients(fn, constants, grad, tensors))
-
-
 def _with_options_of(fn: Callable, derived: Callable) -> Callable:
     """``derived`` (a form of ``fn``) compiled with ``fn``'s :func:`kernel_options`."""
     options = kernel_options(fn)
     return derived if options is None else inductor_options(**options)(derived)
-
-
-def recomputed_gradients(fn: Callable, constants: tuple, grad: Tensor, tensors: tuple[Tensor, ...]) -> tuple:
-    """The gradients of ``fn(*tensors, *constants)`` with respect to ``tensors`` for the cotangent ``grad``, by
-    :func:`recompute_vjp`."""
-    return recompute_vjp(lambda *primals: fn(*primals, *constants), tensors, grad)[1]
 
 
 def record_leaves(record: Any) -> list[Tensor | None]:
@@ -867,13 +842,17 @@ def saved_with_record(ctx: Any) -> tuple[tuple[Tensor, ...], Any]:
     return saved[: ctx.kept_tensors], rebuild_record(ctx.record_layout, iter(saved[ctx.kept_tensors :]))
 
 
-def leading_columns(fn: Callable, width: int, x: Tensor, *tensors: Tensor, constants: tuple = ()) -> Tensor:
-    """``x`` with its first ``width`` coordinates replaced by ``fn(x[..., :width], *tensors, *constants)``, through
-    :class:`LeadingColumnsFunction` (:func:`opaque_to_torch_compile`)."""
-    return _leading(x, fn, width, *tensors, constants=constants)
+def leading_columns(
+    fn: Callable, fn_backward: Callable, width: int, x: Tensor, *tensors: Tensor, constants: tuple = ()
+) -> Tensor:
+    """``x`` with its first ``width`` coordinates replaced by ``fn(x[..., :width], *tensors, *constants)``, its
+    backward ``fn_backward``, through :class:`LeadingColumnsFunction` (:func:`opaque_to_torch_compile`)."""
+    return _leading(x, fn, fn_backward, width, *tensors, constants=constants)
 
 
 @opaque_to_torch_compile
-def _leading(x: Tensor, fn: Callable, width: int, *tensors: Tensor, constants: tuple = ()) -> Tensor:
+def _leading(
+    x: Tensor, fn: Callable, fn_backward: Callable, width: int, *tensors: Tensor, constants: tuple = ()
+) -> Tensor:
     """:func:`leading_columns` with its first tensor in front (what :func:`opaque_to_torch_compile` inspects)."""
-    return LeadingColumnsFunction.apply(fn, tuple(constants), width, x, *tensors)
+    return LeadingColumnsFunction.apply(fn, fn_backward, tuple(constants), width, x, *tensors)

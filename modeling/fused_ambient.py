@@ -1,8 +1,9 @@
 """The ambient twin's layers with hand-derived backward passes: the gyro layer norm
 (:meth:`ManifoldOps.gyro_layer_norm` in ambient coordinates, :class:`FusedAmbientGyroLayerNorm`), the Polar-FC's
-output points (Eq. 8 in ambient coordinates, :class:`FusedAmbientFCOutput`) and the boost residual (Eq. 12,
-:func:`fused_ambient_boost_residual`), each with the formulas of :class:`manifold_ops.AmbientOps` (the textbook
-Lorentz formulas of :mod:`ambient`).
+output points (Eq. 8 in ambient coordinates, :class:`FusedAmbientFCOutput`), the boost residual (Eq. 12,
+:func:`fused_ambient_boost_residual`) and the relative position encodings on the time and the four reserved
+coordinates (:func:`ambient_relative_position`), each with the formulas of :class:`manifold_ops.AmbientOps` (the
+textbook Lorentz formulas of :mod:`ambient`).
 
 The gyro layer norm, for the tokens ``x_i = (x_i0, x_is) (B, N, n+1)`` of a sample:
 
@@ -49,6 +50,7 @@ from .ambient import (
     norm_floor,
     radius as ambient_radius,
 )
+from .configuration_polar_vit import POSITION_AXES
 from .cpu_kernels import (
     first_order,
     inductor_options,
@@ -90,6 +92,8 @@ __all__ = [
     "ambient_boost_residual_forward",
     "ambient_fc_backward",
     "ambient_fc_forward",
+    "ambient_relative_position",
+    "ambient_relative_position_backward",
     "fused_ambient_boost_residual",
     "fused_ambient_fc_output",
     "fused_ambient_gyro_layer_norm",
@@ -470,3 +474,104 @@ def fused_ambient_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: 
     :class:`fused_layers.FusedBoostResidual` with :func:`ambient_boost_residual_forward` and
     :func:`ambient_boost_residual_backward`."""
     return FusedBoostResidual.apply(x, f, alpha, strength, float(k), AMBIENT_BOOST)
+
+
+# --------------------------------------------------------------------------------------------
+# relative position encodings (Eq. 10, HoPE, HOPE) on the five leading coordinates
+# --------------------------------------------------------------------------------------------
+Columns = tuple[Tensor, ...]  # the time and the four reserved coordinates, each its own (B, N, H) plane
+
+
+def _cosh_sinh(t: Tensor) -> tuple[Tensor, Tensor]:
+    """``(cosh t, sinh t)`` of the rates: torch's functions eagerly (the reference's bits), inside a compiled kernel
+    from one ``expm1`` (:func:`stable_math.sinh_cosh`, a few ulp), since torch's ``sinh`` and ``cosh`` run in scalar
+    code there (the boost encoding's forward kernel 2.8 ms against 0.3 ms for the horoshift's, batch 64)."""
+    if torch.compiler.is_compiling():
+        sinh_t, cosh_t = sinh_cosh(t)
+        return cosh_t, sinh_t
+    return torch.cosh(t), torch.sinh(t)
+
+
+def _move(kind: str, c: Columns, t: Tensor, axes: tuple[int, int]) -> Columns:
+    """One move of :meth:`manifold_ops.ManifoldOps.relative_position` in ambient coordinates on the columns ``c``
+    (the formulas of :func:`ambient.horoshift`, :func:`ambient.boost`, :func:`ambient.rotate`, in their order), by
+    ``t (N, H)`` on the space axes ``axes``:
+
+    * ``horoshift`` (Eq. 10): ``nu = x_0 - x_i``, ``l = t x_j + t^2 nu / 2``, ``(x_0, x_i, x_j) += (l, l, t nu)``;
+    * ``boost`` along ``i``: ``(x_0, x_i) -> (cosh t x_0 + sinh t x_i, sinh t x_0 + cosh t x_i)``;
+    * ``rotation`` of ``(i, j)``: ``(x_i, x_j) -> (cos t x_i - sin t x_j, sin t x_i + cos t x_j)``,
+
+    with ``i, j`` the columns ``1 + axes``."""
+    i, j = 1 + axes[0], 1 + axes[1]
+    out = list(c)
+    if kind == "horoshift":
+        nu = c[0] - c[i]
+        lift = t * c[j] + 0.5 * t.square() * nu
+        out[0], out[i], out[j] = c[0] + lift, c[i] + lift, c[j] + t * nu
+    elif kind == "boost":
+        cosh_t, sinh_t = _cosh_sinh(t)
+        out[0] = cosh_t * c[0] + sinh_t * c[i]
+        out[i] = sinh_t * c[0] + cosh_t * c[i]
+    else:
+        out[i] = torch.cos(t) * c[i] - torch.sin(t) * c[j]
+        out[j] = torch.sin(t) * c[i] + torch.cos(t) * c[j]
+    return tuple(out)
+
+
+def _move_backward(kind: str, g: Columns, c: Columns, t: Tensor, axes: tuple[int, int]) -> tuple[Columns, Tensor]:
+    """``(dL/dc, dL/dt per token)`` of :func:`_move` at ``c`` for the gradients ``g`` of its output columns.  Each
+    move is linear in the point, so ``dL/dc`` is its transpose applied to ``g``:
+
+    * ``horoshift``, with ``G = g_0 + g_i``: ``g_x0 = g_0 + G t^2/2 + t g_j``, ``g_xi = g_i - G t^2/2 - t g_j``,
+      ``g_xj = g_j + t G``, ``g_t = G (x_j + t nu) + g_j nu``;
+    * ``boost``: ``(g_x0, g_xi) = (cosh t g_0 + sinh t g_i, sinh t g_0 + cosh t g_i)``, ``g_t = g_0 x'_i + g_i
+      x'_0``;
+    * ``rotation``: ``(g_xi, g_xj) = (cos t g_i + sin t g_j, cos t g_j - sin t g_i)``, ``g_t = g_j x'_i - g_i
+      x'_j``,
+
+    with ``x'`` the move's output."""
+    i, j = 1 + axes[0], 1 + axes[1]
+    out = list(g)
+    if kind == "horoshift":
+        nu = c[0] - c[i]
+        both, half_sq = g[0] + g[i], 0.5 * t.square()
+        g_t = both * (c[j] + t * nu) + g[j] * nu
+        out[0] = g[0] + half_sq * both + t * g[j]
+        out[i] = g[i] - half_sq * both - t * g[j]
+        out[j] = g[j] + t * both
+    elif kind == "boost":
+        moved = _move(kind, c, t, axes)
+        g_t = g[0] * moved[i] + g[i] * moved[0]
+        cosh_t, sinh_t = _cosh_sinh(t)
+        out[0] = cosh_t * g[0] + sinh_t * g[i]
+        out[i] = sinh_t * g[0] + cosh_t * g[i]
+    else:
+        moved = _move(kind, c, t, axes)
+        g_t = g[j] * moved[i] - g[i] * moved[j]
+        out[i] = torch.cos(t) * g[i] + torch.sin(t) * g[j]
+        out[j] = torch.cos(t) * g[j] - torch.sin(t) * g[i]
+    return tuple(out), g_t
+
+
+def ambient_relative_position(lead: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str) -> Tensor:
+    """The relative position encoding ``kind`` of ambient points on their time and four reserved coordinates
+    ``lead (B, N, H, 5)``: rows moved by ``t_rows (N, H)`` on the reserved axes ``(0, 1)``, then columns by
+    ``t_cols`` on ``(2, 3)`` (:func:`_move`), each coordinate its own plane: bit for bit
+    :meth:`manifold_ops.AmbientOps.relative_position` on these columns."""
+    c = lead.unbind(-1)
+    for t, axes in zip((t_rows, t_cols), POSITION_AXES):
+        c = _move(kind, c, t, axes)
+    return torch.stack(c, dim=-1)
+
+
+def ambient_relative_position_backward(
+    grad: Tensor, lead: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dL/dlead, dL/dt_rows, dL/dt_cols)`` of :func:`ambient_relative_position` for the gradient ``grad (B, N,
+    H, 5)`` of its output: the rows' move recomputed, both moves differentiated by hand (:func:`_move_backward`),
+    the rates' per-token gradients summed over the batch (:func:`cpu_kernels.sum_dims`)."""
+    x = lead.unbind(-1)
+    moved = _move(kind, x, t_rows, POSITION_AXES[0])
+    g, g_cols = _move_backward(kind, grad.unbind(-1), moved, t_cols, POSITION_AXES[1])
+    g, g_rows = _move_backward(kind, g, x, t_rows, POSITION_AXES[0])
+    return torch.stack(g, dim=-1), sum_dims(g_rows, t_rows.dim()), sum_dims(g_cols, t_cols.dim())

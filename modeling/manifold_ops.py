@@ -13,7 +13,7 @@ layer-level operations (:meth:`~ManifoldOps.polar_fc`, :meth:`~ManifoldOps.gyro_
 * :class:`AmbientOps` - ambient coordinates ``[x_0, x_s]``, the textbook Lorentz formulas of :mod:`ambient`
   (the paper's baseline), differentiated by autograd;
 * :class:`FusedAmbientOps` - ambient coordinates, the same formulas without an autograd graph of their
-  intermediates (:mod:`fused_ambient`, :class:`fused_attention.FusedAmbientAttention`, a recomputed encoding).
+  intermediates (:mod:`fused_ambient`, :class:`fused_attention.FusedAmbientAttention`).
 
 An operation one of them lacks is an error at class creation (abstract method), never a silent fallback.  All
 pack a point as one tensor ``(..., n+1)``, so reshapes, indexing and gradient checkpointing are the same.  The
@@ -50,8 +50,9 @@ from .attention import polar_attention, select_implementation
 from .configuration_polar_vit import POSITION_AXES
 from .cpu_kernels import first_order, leading_columns
 from .fused_ambient import (
-    AMBIENT_KERNELS,
     ambient_fc_forward,
+    ambient_relative_position,
+    ambient_relative_position_backward,
     fused_ambient_boost_residual,
     fused_ambient_fc_output,
     fused_ambient_gyro_layer_norm,
@@ -557,10 +558,10 @@ class FusedAmbientOps(AmbientOps):
     autograd graph of their intermediates.  Attention is :class:`fused_attention.FusedAmbientAttention`, the gyro
     layer norm :class:`fused_ambient.FusedAmbientGyroLayerNorm`, the Polar-FC's output points (the epilogue of
     Eq. 8, the radius rule and the ambient coordinates) :class:`fused_ambient.FusedAmbientFCOutput` and the boost
-    residual (:func:`fused_ambient.fused_ambient_boost_residual`), with hand-derived backward passes; the position
-    encodings are a recomputed function (:func:`cpu_kernels.leading_columns`: backward recomputes and
-    differentiates it); each a compiled kernel on the CPU.  Polar-FC's product is autograd's (it keeps the input
-    points and the weight); the heads' concatenation keeps only its output (:class:`SpaceToPoint`)."""
+    residual (:func:`fused_ambient.fused_ambient_boost_residual`) and the position encodings on the five leading
+    coordinates (:func:`fused_ambient.ambient_relative_position` through :func:`cpu_kernels.leading_columns`), with
+    hand-derived backward passes; each a compiled kernel on the CPU.  Polar-FC's product is autograd's (it keeps
+    the input points and the weight); the heads' concatenation keeps only its output (:class:`SpaceToPoint`)."""
 
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
         """:class:`fused_ambient.FusedAmbientFCOutput`: without the GELU nothing of the product's size is kept."""
@@ -573,10 +574,16 @@ class FusedAmbientOps(AmbientOps):
         return fused_ambient_boost_residual(x, f, alpha, strength, self.k)
 
     def relative_position(self, kind: str, p: Tensor, t_rows: Tensor, t_cols: Tensor) -> Tensor:
-        """Only the time and the reserved coordinates change (:data:`RESERVED_COLUMNS`): the function runs on them,
-        the other coordinates pass through (:func:`cpu_kernels.leading_columns`)."""
+        """Only the time and the reserved coordinates change (:data:`RESERVED_COLUMNS`): the moves run on them, each
+        coordinate its own plane, and the other coordinates pass through (:func:`cpu_kernels.leading_columns`)."""
         return leading_columns(
-            ambient_relative_position, RESERVED_COLUMNS, p, t_rows, t_cols, constants=(kind, self.k)
+            ambient_relative_position,
+            ambient_relative_position_backward,
+            RESERVED_COLUMNS,
+            p,
+            t_rows,
+            t_cols,
+            constants=(kind,),
         )
 
     def concat_heads(self, p: Tensor) -> Tensor:
@@ -618,16 +625,6 @@ class SpaceToPoint(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # noqa: D102
         (out,) = ctx.saved_tensors
         return torch.addcmul(grad[..., 1:], grad[..., :1] / out[..., :1], out[..., 1:]), None
-
-
-# the recomputed layer of FusedAmbientOps: AmbientOps' formulas as a pure function of tensors and constants ------
-# (with the ambient twin's inductor options, fused_ambient.AMBIENT_KERNELS)
-
-
-@AMBIENT_KERNELS
-def ambient_relative_position(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, k: float) -> Tensor:
-    """:meth:`ManifoldOps.relative_position` in ambient coordinates."""
-    return ManifoldOps.relative_position(AmbientOps(k), kind, p, t_rows, t_cols)
 
 
 def _cast(rule: Rule | None, dtype: torch.dtype) -> Rule | None:

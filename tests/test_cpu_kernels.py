@@ -284,9 +284,10 @@ def test_ambient_boost_residual_kernels_match_eager_and_float64(kernels_on, rmax
 
 @pytest.mark.parametrize("kind", ["horoshift", "boost", "rotation"])
 def test_ambient_position_encoding_kernels_match_eager_and_float64(kernels_on, kind):
-    """The ambient twin's position encoding on its five leading coordinates (``LeadingColumnsFunction``) as a
-    compiled forward and vector-Jacobian kernel, at radii up to 4."""
-    from polar_vit_hf.modeling.manifold_ops import FusedAmbientOps, ambient_relative_position
+    """The ambient twin's position encoding on its five leading coordinates (``LeadingColumnsFunction``) as
+    compiled forward and hand-derived backward kernels, at radii up to 4."""
+    from polar_vit_hf.modeling.fused_ambient import ambient_relative_position, ambient_relative_position_backward
+    from polar_vit_hf.modeling.manifold_ops import FusedAmbientOps
 
     polar = points(2, 6, 10, 4.0, 7).unsqueeze(-2).expand(2, 6, 3, 11)  # (B, N, H, d+1)
     p = P.geometry.to_ambient(polar[..., 0], polar[..., 1:], 1.1).float()
@@ -296,9 +297,9 @@ def test_ambient_position_encoding_kernels_match_eager_and_float64(kernels_on, k
         return FusedAmbientOps(1.1).relative_position(kind, p, t_rows, t_cols)
 
     check_kernels(fn, p, t_rows, t_cols)
-    constants = (kind, 1.1)
+    constants = (kind,)
     assert really_compiled(cpu_kernels.bound(ambient_relative_position, constants))
-    assert really_compiled(cpu_kernels._vjp(ambient_relative_position, constants))
+    assert really_compiled(cpu_kernels.bound(ambient_relative_position_backward, constants))
 
 
 @pytest.mark.parametrize("rmax", [1e-4, 0.5, 4.0, 8.0, 12.0])
@@ -774,16 +775,14 @@ def test_kernel_cache_keys_name_the_function_and_its_bound_constants(monkeypatch
 
 
 def test_inductor_options_reach_the_compile_and_the_cache_key(kernels_on, monkeypatch, tmp_path):
-    """A function's inductor options (the ambient twin's recomputed encodings store values read more than once) pass
-    to its bound and vector-Jacobian forms, name a cache folder of their own and are what inductor compiles with."""
-    from polar_vit_hf.modeling.manifold_ops import ambient_relative_position
+    """A function's inductor options (the ambient twin's kernels store values read more than once) pass to its bound
+    form, name a cache folder of their own and are what inductor compiles with."""
+    from polar_vit_hf.modeling.fused_ambient import ambient_fc_forward
 
     monkeypatch.setenv("POLAR_VIT_KERNEL_CACHE", str(tmp_path))
     options = {"realize_reads_threshold": 1}
-    constants = ("boost", 1.0)
-    assert cpu_kernels.kernel_options(ambient_relative_position) == options
-    assert cpu_kernels.kernel_options(cpu_kernels.bound(ambient_relative_position, constants)) == options
-    assert cpu_kernels.kernel_options(cpu_kernels._vjp(ambient_relative_position, constants)) == options
+    assert cpu_kernels.kernel_options(ambient_fc_forward) == options
+    assert cpu_kernels.kernel_options(cpu_kernels.bound(ambient_fc_forward, (1.0, True))) == options
     assert cpu_kernels.kernel_options(FL._boost_residual_forward) is None
 
     def double_sum(x):
