@@ -513,8 +513,9 @@ def _move(kind: str, c: Columns, t: Tensor, axes: tuple[int, int]) -> Columns:
         out[0] = cosh_t * c[0] + sinh_t * c[i]
         out[i] = sinh_t * c[0] + cosh_t * c[i]
     else:
-        out[i] = torch.cos(t) * c[i] - torch.sin(t) * c[j]
-        out[j] = torch.sin(t) * c[i] + torch.cos(t) * c[j]
+        cos_t, sin_t = torch.cos(t), torch.sin(t)
+        out[i] = cos_t * c[i] - sin_t * c[j]
+        out[j] = sin_t * c[i] + cos_t * c[j]
     return tuple(out)
 
 
@@ -529,7 +530,7 @@ def _move_backward(kind: str, g: Columns, c: Columns, t: Tensor, axes: tuple[int
     * ``rotation``: ``(g_xi, g_xj) = (cos t g_i + sin t g_j, cos t g_j - sin t g_i)``, ``g_t = g_j x'_i - g_i
       x'_j``,
 
-    with ``x'`` the move's output."""
+    with ``x'`` the move's output, written out from ``c`` with the one ``cosh t, sinh t`` (``cos t, sin t``)."""
     i, j = 1 + axes[0], 1 + axes[1]
     out = list(g)
     if kind == "horoshift":
@@ -540,16 +541,15 @@ def _move_backward(kind: str, g: Columns, c: Columns, t: Tensor, axes: tuple[int
         out[i] = g[i] - half_sq * both - t * g[j]
         out[j] = g[j] + t * both
     elif kind == "boost":
-        moved = _move(kind, c, t, axes)
-        g_t = g[0] * moved[i] + g[i] * moved[0]
         cosh_t, sinh_t = _cosh_sinh(t)
+        g_t = g[0] * (sinh_t * c[0] + cosh_t * c[i]) + g[i] * (cosh_t * c[0] + sinh_t * c[i])
         out[0] = cosh_t * g[0] + sinh_t * g[i]
         out[i] = sinh_t * g[0] + cosh_t * g[i]
     else:
-        moved = _move(kind, c, t, axes)
-        g_t = g[j] * moved[i] - g[i] * moved[j]
-        out[i] = torch.cos(t) * g[i] + torch.sin(t) * g[j]
-        out[j] = torch.cos(t) * g[j] - torch.sin(t) * g[i]
+        cos_t, sin_t = torch.cos(t), torch.sin(t)
+        g_t = g[j] * (cos_t * c[i] - sin_t * c[j]) - g[i] * (sin_t * c[i] + cos_t * c[j])
+        out[i] = cos_t * g[i] + sin_t * g[j]
+        out[j] = cos_t * g[j] - sin_t * g[i]
     return tuple(out), g_t
 
 
