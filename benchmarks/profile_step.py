@@ -1,6 +1,6 @@
 """Where a training step goes: ``torch.profiler`` tables per operator and per layer kind.
 
-Run:  python benchmarks/profile_step.py [--preset tiny-cifar] [--batch 64] [--model polar|ambient|euclidean]
+Run:  python benchmarks/profile_step.py [--preset tiny-cifar] [--batch 64] [--image_size 56] [--model polar|ambient|euclidean]
           [--threads N] [--top 25] [--device cpu|cuda] [--out outputs/profile_step]
 
 One model (Polar-ViT polar or ambient, or transformers' same-shape ViT) in train mode; two warm-up steps (the
@@ -65,11 +65,12 @@ LAYER_KINDS = {  # module class name -> layer kind
 }
 
 
-def build(name: str, preset: str):
+def build(name: str, preset: str, image_size: int | None = None):
     import polar_vit_hf as P
     from polar_vit_hf.baselines import euclidean_vit
 
     config = P.PolarViTConfig.from_preset(preset, num_labels=100)
+    config.image_size = image_size or config.image_size  # the patch grid, so the tokens: long sequences
     if name == "euclidean":
         return euclidean_vit(config), config
     config.arithmetic = name
@@ -292,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny-cifar")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument(
+        "--image_size", type=int, help="images of this size instead of the preset's (more patches: longer sequences)"
+    )
     parser.add_argument("--model", choices=("polar", "ambient", "euclidean"), default="polar")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--top", type=int, default=25)
@@ -304,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    model, config = build(args.model, args.preset)
+    model, config = build(args.model, args.preset, args.image_size)
     model.to(device).train()
     pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)
     labels = torch.randint(0, 100, (args.batch,), device=device)

@@ -70,6 +70,7 @@ from .fused_layers import (
     fused_direct_concat,
     fused_polar_fc,
     fused_reserved_axes_encoding,
+    gemm_width_product,
     is_gelu,
     packed_direct_concat,
     polar_fc_epilogue,
@@ -255,11 +256,15 @@ class ManifoldOps(ABC):
         """``heads`` Polar-FCs (Eq. 8) on ``p (..., n+1)`` -> ``(..., heads, d+1)``: ``h = phi(W x / sqrt(k))``,
         ``u' = h / ||h||``, ``r' = sqrt(k) arsinh(e^l)`` (:func:`fused_layers.polar_fc_epilogue`); ``rule`` is
         ``(beta, lambda, varphi, varphi_0)`` or ``None`` (the Lorentz FC, ``l = ln ||h||``)."""
-        h = product(self.unit_coords(p), weight, self.product_dtype).unflatten(-1, (heads, -1))
+        h = self.fc_product(self.unit_coords(p), weight).unflatten(-1, (heads, -1))
         gelu = is_gelu(activation)
         if activation is not None and not gelu:
             h = activation(h)
         return self.polar_fc_output(h, p, rule, gelu)
+
+    def fc_product(self, x: Tensor, weight: Tensor) -> Tensor:
+        """The product ``x W^T`` of :meth:`polar_fc` under the precision policy (:func:`product`)."""
+        return product(x, weight, self.product_dtype)
 
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
         """The output points of :meth:`polar_fc` from its product ``h = W x / sqrt(k)`` ``(..., heads, d)`` (before
@@ -560,8 +565,14 @@ class FusedAmbientOps(AmbientOps):
     Eq. 8, the radius rule and the ambient coordinates) :class:`fused_ambient.FusedAmbientFCOutput` and the boost
     residual (:func:`fused_ambient.fused_ambient_boost_residual`) and the position encodings on the five leading
     coordinates (:func:`fused_ambient.ambient_relative_position` through :func:`cpu_kernels.leading_columns`), with
-    hand-derived backward passes; each a compiled kernel on the CPU.  Polar-FC's product is autograd's (it keeps
-    the input points and the weight); the heads' concatenation keeps only its output (:class:`SpaceToPoint`)."""
+    hand-derived backward passes; each a compiled kernel on the CPU.  Polar-FC's product keeps the input points and the
+    weight, as autograd's, and computes their gradient at an aligned width (:class:`fused_layers.GemmWidthProduct`);
+    the heads' concatenation keeps only its output (:class:`SpaceToPoint`)."""
+
+    def fc_product(self, x: Tensor, weight: Tensor) -> Tensor:
+        """The product with its input gradient at an aligned width (:class:`fused_layers.GemmWidthProduct`): the
+        points are ``n + 1`` wide, and the gradient ``g W`` of that odd width takes MKL's slow path."""
+        return gemm_width_product(x, weight, self.product_dtype)
 
     def polar_fc_output(self, h: Tensor, p: Tensor, rule: Rule | None, gelu: bool) -> Tensor:
         """:class:`fused_ambient.FusedAmbientFCOutput`: without the GELU nothing of the product's size is kept."""

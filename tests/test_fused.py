@@ -923,7 +923,13 @@ def test_fused_ambient_position_encoding_moves_only_the_reserved_coordinates_as_
 
 @pytest.mark.parametrize(
     "overrides",
-    [dict(), dict(relative_position="boost"), dict(relative_position="rotation"), dict(drop_path_rate=0.3)],
+    [
+        dict(),
+        dict(relative_position="boost"),
+        dict(relative_position="rotation"),
+        dict(drop_path_rate=0.3),
+        dict(linear="lorentz"),  # no radius rule: the products' strided input gradients reach the layers alone
+    ],
     ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default",
 )
 def test_fused_and_reference_ambient_models_agree_in_float64(overrides):
@@ -940,6 +946,32 @@ def test_fused_and_reference_ambient_models_agree_in_float64(overrides):
     assert fused_grads.keys() == ref_grads.keys()
     for name, want in ref_grads.items():
         assert (fused_grads[name] - want).abs().max() <= 1e-10 * float(want.abs().max()) + 1e-300, name
+
+
+@pytest.mark.parametrize("shape", [(4, 193), (2, 3, 385), (1, 8)], ids=str)
+def test_gemm_width_product_is_the_product_with_its_input_gradient_at_an_aligned_width(shape):
+    """:class:`fused_layers.GemmWidthProduct`: the forward bit for bit ``x W^T``; the input gradient a view of an
+    output of :func:`fused_layers.gemm_width` columns, equal to autograd's (float32: the same sums; float64: to
+    rounding), the weight's too; gradcheck and gradgradcheck in float64; under the bf16 policy the gradients of
+    :func:`fused_layers.policy_matmul`'s own graph."""
+    n = shape[-1]
+    gen = torch.Generator().manual_seed(0)
+    for dtype, policy in ((torch.float32, None), (F64, None), (torch.float32, torch.bfloat16)):
+        x = torch.randn(shape, dtype=dtype, generator=gen).requires_grad_(True)
+        w = torch.randn(6, n, dtype=dtype, generator=gen).requires_grad_(True)
+        out = fused_layers.gemm_width_product(x, w, policy)
+        want = fused_layers.policy_matmul(x, w.t(), policy)
+        assert torch.equal(out, want)
+        g = torch.randn(out.shape, dtype=dtype, generator=gen)
+        got = torch.autograd.grad(out, (x, w), g)
+        ref = torch.autograd.grad(want, (x, w), g)
+        assert got[0].stride(-2) == fused_layers.gemm_width(n)
+        rtol = 1e-13 if dtype == F64 else (1e-6 if policy is None else 1e-2)
+        for a, b in zip(got, ref):
+            assert ((a - b).abs() <= rtol * b.abs().max()).all()
+    leaves = (torch.randn(shape, dtype=F64).requires_grad_(True), torch.randn(3, n, dtype=F64).requires_grad_(True))
+    assert gradcheck(lambda a, b: fused_layers.gemm_width_product(a, b, None), leaves)
+    assert torch.autograd.gradgradcheck(lambda a, b: fused_layers.gemm_width_product(a, b, None), leaves)
 
 
 # --------------------------------------------------------------------------------------------
