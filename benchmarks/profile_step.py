@@ -1,7 +1,7 @@
 """Where a training step goes: ``torch.profiler`` tables per operator and per layer kind.
 
-Run:  python benchmarks/profile_step.py [--preset tiny-cifar] [--batch 64] [--image_size 56] [--model polar|ambient|euclidean]
-          [--threads N] [--top 25] [--device cpu|cuda] [--out outputs/profile_step]
+Run:  python benchmarks/profile_step.py [--preset tiny-cifar] [--batch 64] [--image_size 56]
+          [--model polar|ambient|euclidean] [--threads N] [--top 25] [--device cpu|cuda] [--out outputs/profile_step]
 
 One model (Polar-ViT polar or ambient, or transformers' same-shape ViT) in train mode; two warm-up steps (the
 compiled CPU kernels compile in the first), then one profiled forward + backward.  Prints

@@ -3,8 +3,8 @@
 :class:`FusedPolarAttention` computes the attention of every ``(batch, head)`` slice without keeping anything of
 size ``N x M`` for backward: it saves the inputs, the output and per-row scalars, and its hand-derived backward
 recomputes the rest.  The slices are processed in blocks whose temporaries stay cache-sized
-(``attention_group_elements`` of the :class:`runtime.RuntimeOptions`; :class:`Block`): groups of samples, or at
-long sequences one sample's heads or one head's query rows, so that its memory is bounded at any length.  Each
+(:func:`group_elements`; :class:`Block`): groups of samples, or at long sequences one sample's heads or one head's
+query rows, so that its memory is bounded at any length.  Each
 block is computed by one pure function: a compiled kernel in float32 on the CPU (:mod:`cpu_kernels`).
 :class:`FusedPolarAttentionHeads` runs the same core on the heads as the attention layer holds them (token-major
 and packed, queries and keys side by side) and writes its output and the gradients of its inputs in those
@@ -36,9 +36,13 @@ from .stable_math import distance_slope, exp_weights, kernel_acosh, safe_normali
 
 CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
 PAIR_TERMS = 2  # per-pair terms the group backward returns last, so that its kernel stores them once
+GROUP_ELEMENTS = (1 << 19, 1 << 21)  # the fewest and the most score elements of a block of the automatic size
+GROUP_SLICES = 24  # (batch, head) slices a block of the automatic size holds where the most elements allow
 
 __all__ = [
     "CHORD_PRODUCT_ABOVE",
+    "GROUP_ELEMENTS",
+    "GROUP_SLICES",
     "PAIR_TERMS",
     "FusedAmbientAttention",
     "FusedAmbientAttentionHeads",
@@ -54,6 +58,7 @@ __all__ = [
     "fused_ambient_attention_heads",
     "fused_polar_attention",
     "fused_polar_attention_heads",
+    "group_elements",
     "head_major",
     "narrow_product",
     "pair_chords",
@@ -406,15 +411,29 @@ class Block(NamedTuple):
         return self.rows.start in (None, 0)
 
 
+def group_elements(per_head: int) -> int:
+    """Score elements per block for slices of ``per_head = N M`` pairs: ``attention_group_elements`` where it is
+    set, else :data:`GROUP_ELEMENTS`' fewest raised to hold :data:`GROUP_SLICES` slices, at most its most.  Fewer
+    slices per block cost more than their temporaries' cache misses save, and a slice's query rows split into
+    blocks cost most (``benchmarks/attention_groups.py``, ``tiny-cifar`` training steps against ``2^19``
+    elements: ``2^20`` at 196 and ``2^21`` at 256 tokens 0.94x and 0.85x, both 0.78x at 1024; at 64 and 144
+    tokens, whose ``2^19`` hold 120 and 24 slices, more elements 1.00-1.04x)."""
+    chosen = runtime_options().attention_group_elements
+    if chosen is not None:
+        return chosen
+    fewest, most = GROUP_ELEMENTS
+    return min(max(fewest, GROUP_SLICES * per_head), most)
+
+
 def _blocks(queries: Tensor, keys: Tensor) -> tuple[int, list[Block]]:
     """``(B H N M, blocks)`` for queries ``(B, H, N, ...)`` and keys ``(B, H, M, ...)``: the score elements of the
     call (what decides its compiled kernels, :func:`cpu_kernels.kernel_use`) and the blocks (:class:`Block`) whose
-    ``(G, n, M)`` temporaries stay cache-sized (``attention_group_elements``): groups of whole samples where one
-    sample fits, else groups of one sample's heads, else one slice's query rows in blocks of near-equal size, so
-    that memory stays bounded at any sequence length."""
+    ``(G, n, M)`` temporaries stay cache-sized (:func:`group_elements`): groups of whole samples where one sample
+    fits, else groups of one sample's heads, else one slice's query rows in blocks of near-equal size, so that
+    memory stays bounded at any sequence length."""
     batch, heads, n_q = queries.shape[:3]
     per_head = n_q * keys.shape[2]
-    budget = runtime_options().attention_group_elements
+    budget = group_elements(per_head)
     pairs = batch * heads * per_head
     if heads * per_head <= budget:
         size = budget // max(1, heads * per_head)
