@@ -1,7 +1,8 @@
 """The fused attention's group size (``attention_group_elements``) at several sequence lengths, side by side.
 
-Run:  python benchmarks/attention_groups.py [--preset tiny-cifar] [--shapes 32x64 56x16 64x8]
-          [--exponents 19 20 21] [--rounds 8] [--threads N] [--out outputs/attention_groups]
+Run:  python benchmarks/attention_groups.py [--preset tiny-cifar] [--arithmetic polar|ambient]
+          [--shapes 32x64 56x16 64x8] [--exponents 19 20 21] [--rounds 8] [--threads N]
+          [--out outputs/attention_groups]
 
 Each shape ``IMAGExBATCH`` is one model (the preset at that image size: ``(IMAGE / patch)^2`` tokens) in this
 process; its training step runs with each group size ``2^e`` in turns (the order alternating between rounds), one
@@ -50,8 +51,9 @@ class Row(NamedTuple):
     high: float
 
 
-def measure(shape: Shape, exponents: list[int], rounds: int, preset: str) -> list[Row]:
-    """The step of ``preset`` at ``shape`` with each group size ``2^e`` in turns; one :class:`Row` per setting."""
+def measure(shape: Shape, exponents: list[int], rounds: int, preset: str, arithmetic: str) -> list[Row]:
+    """The step of ``preset`` (in ``arithmetic``) at ``shape`` with each group size ``2^e`` in turns; one
+    :class:`Row` per setting."""
     from tqdm.auto import tqdm
 
     import polar_vit_hf as P
@@ -60,6 +62,7 @@ def measure(shape: Shape, exponents: list[int], rounds: int, preset: str) -> lis
     torch.manual_seed(0)
     config = P.PolarViTConfig.from_preset(preset, num_labels=100)
     config.image_size = shape.image
+    config.arithmetic = arithmetic
     model = P.PolarViTForImageClassification(config).train()
     P.geometry.set_input_checks(False)  # as a training loop: inputs validated once
     pixels = torch.randn(shape.batch, config.num_channels, shape.image, shape.image)
@@ -120,6 +123,7 @@ def plot(rows: list[Row], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny-cifar")
+    parser.add_argument("--arithmetic", choices=("polar", "ambient"), default="polar")
     parser.add_argument("--shapes", nargs="+", type=Shape.parse, default=[Shape(32, 64), Shape(56, 16), Shape(64, 8)])
     parser.add_argument("--exponents", nargs="+", type=int, default=[19, 20, 21])
     parser.add_argument("--rounds", type=int, default=8)
@@ -127,9 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("outputs/attention_groups"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = [row for shape in args.shapes for row in measure(shape, args.exponents, args.rounds, args.preset)]
+    rows = [
+        row
+        for shape in args.shapes
+        for row in measure(shape, args.exponents, args.rounds, args.preset, args.arithmetic)
+    ]
     capability = torch.backends.cpu.get_cpu_capability()
-    print(f"\n{args.preset}, training step, {args.threads} threads ({capability}), medians of {args.rounds} rounds")
+    print(
+        f"\n{args.preset}, {args.arithmetic}, training step, {args.threads} threads ({capability}), "
+        f"medians of {args.rounds} rounds"
+    )
     print(f"{'tokens':>7} {'batch':>6} {'group':>6} {'ms / step':>10} {'x first':>8}  rounds")
     for row in rows:
         print(

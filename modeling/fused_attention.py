@@ -36,7 +36,7 @@ from .stable_math import distance_slope, exp_weights, kernel_acosh, safe_normali
 
 CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
 PAIR_TERMS = 2  # per-pair terms the group backward returns last, so that its kernel stores them once
-GROUP_ELEMENTS = (1 << 19, 1 << 21)  # the fewest and the most score elements of a block of the automatic size
+GROUP_ELEMENTS = (1 << 19, 1 << 20)  # the fewest and the most score elements of a block of the automatic size
 GROUP_SLICES = 24  # (batch, head) slices a block of the automatic size holds where the most elements allow
 
 __all__ = [
@@ -416,8 +416,9 @@ def group_elements(per_head: int) -> int:
     set, else :data:`GROUP_ELEMENTS`' fewest raised to hold :data:`GROUP_SLICES` slices, at most its most.  Fewer
     slices per block cost more than their temporaries' cache misses save, and a slice's query rows split into
     blocks cost most (``benchmarks/attention_groups.py``, ``tiny-cifar`` training steps against ``2^19``
-    elements: ``2^20`` at 196 and ``2^21`` at 256 tokens 0.94x and 0.85x, both 0.78x at 1024; at 64 and 144
-    tokens, whose ``2^19`` hold 120 and 24 slices, more elements 1.00-1.04x)."""
+    elements: ``2^20`` 0.94x at 196 tokens, 0.91x at 256, 0.78x at 1024; at 64 and 144 tokens, whose ``2^19`` hold
+    120 and 24 slices, more elements 1.00-1.04x).  At most ``2^20``: ``2^21`` gains no more at 1024 tokens, where
+    its temporaries took the step's peak tensors from 1.74x to 2.06x the ViT's."""
     chosen = runtime_options().attention_group_elements
     if chosen is not None:
         return chosen

@@ -47,7 +47,7 @@ class RuntimeOptions:
         attention_group_elements: score elements per block of the fused attention core (cache-sized
             temporaries): groups of whole samples (``H x N x M`` each), else of one sample's heads, else blocks of
             one slice's query rows (long sequences); ``None``: by the slices' length
-            (:func:`fused_attention.group_elements`: ``2^19`` to ``2^21``, at least 24 slices where they fit).
+            (:func:`fused_attention.group_elements`: ``2^19`` to ``2^20``, at least 24 slices where they fit).
         chunked_min_tokens: ``polar_attn_implementation="auto"`` uses the chunked core from this many tokens
             where the model's own core is not the fused one (the reference layers; CUDA without Triton)
             (:func:`attention.select_implementation`).

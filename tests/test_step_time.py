@@ -284,3 +284,30 @@ def test_the_wall_clock_names_each_generic_kernel_function_by_what_it_runs():
         "FusedAmbientAttentionHeads",
     } <= set(totals)
     assert not any(name.startswith("LeadingColumnsFunction") and "[" not in name for name in totals)
+
+
+def test_the_group_size_benchmark_steps_each_setting_with_its_blocks(tmp_path, capsys, monkeypatch):
+    """``benchmarks/attention_groups.py`` runs every setting on the model (the fused core cuts its slices into as
+    many blocks as the setting asks: 4 heads of 12 per block at 2^10 score elements, a whole sample at 2^12) and
+    reports each setting's ratio to the first."""
+    from polar_vit_hf.benchmarks import attention_groups
+    from polar_vit_hf.modeling import fused_attention
+
+    blocks_per_call: list[int] = []
+    real_blocks = fused_attention._blocks
+
+    def counted(queries, keys):
+        pairs, blocks = real_blocks(queries, keys)
+        blocks_per_call.append(len(blocks))
+        return pairs, blocks
+
+    monkeypatch.setattr(fused_attention, "_blocks", counted)
+    arguments = ["--shapes", "16x2", "--exponents", "10", "12", "--rounds", "1", "--threads", "1"]
+    assert attention_groups.main([*arguments, "--out", str(tmp_path)]) == 0
+    assert set(blocks_per_call) == {2 * 3, 2}  # 2 samples of 12 heads of 16 x 16 pairs: 3 blocks each, or 1
+    printed = capsys.readouterr().out
+    assert re.search(r"\s16\s+2\s+2\^10\s+\d+\s+1\.000x", printed) and re.search(r"\s16\s+2\s+2\^12\s", printed)
+    with open(tmp_path / "attention_groups.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["tokens"], row["exponent"]) for row in rows] == [("16", "10"), ("16", "12")]
+    assert (tmp_path / "attention_groups.png").stat().st_size > 0
