@@ -7,6 +7,7 @@ import csv
 import re
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow  # processes, training runs or compiles: `make test-fast` skips them
 
@@ -124,7 +125,8 @@ def test_cuda_graph_replays_are_refused_without_a_gpu_and_reach_every_worker(cap
 def test_the_step_profile_prints_operators_and_layer_kinds(tmp_path, capsys):
     from polar_vit_hf.benchmarks import profile_step
 
-    arguments = ["--preset", "demo", "--batch", "4", "--threads", "1", "--top", "60", "--out", str(tmp_path)]
+    threads = str(torch.get_num_threads())  # (set in this process: the suite's own count)
+    arguments = ["--preset", "demo", "--batch", "4", "--threads", threads, "--top", "60", "--out", str(tmp_path)]
     assert profile_step.main(arguments) == 0
     printed = capsys.readouterr().out
     assert "aten::mm" in printed and "Polar-FC" in printed and "gyro layer norm" in printed
@@ -302,7 +304,8 @@ def test_the_group_size_benchmark_steps_each_setting_with_its_blocks(tmp_path, c
         return pairs, blocks
 
     monkeypatch.setattr(fused_attention, "_blocks", counted)
-    arguments = ["--shapes", "16x2", "--exponents", "10", "12", "--rounds", "1", "--threads", "1"]
+    threads = str(torch.get_num_threads())  # (set in this process: the suite's own count)
+    arguments = ["--shapes", "16x2", "--exponents", "10", "12", "--rounds", "1", "--threads", threads]
     assert attention_groups.main([*arguments, "--out", str(tmp_path)]) == 0
     assert set(blocks_per_call) == {2 * 3, 2}  # 2 samples of 12 heads of 16 x 16 pairs: 3 blocks each, or 1
     printed = capsys.readouterr().out
