@@ -6,6 +6,7 @@ import mmap
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from polar_vit_hf.benchmarks import _memory
@@ -30,28 +31,44 @@ def test_peak_tensor_growth_is_the_most_bytes_allocated_in_the_block_alive_at_on
     assert nothing.mib == 0.0
 
 
-def test_peak_rss_growth_sees_the_pages_a_block_touches():
+@pytest.mark.parametrize("high_water_mark", [True, False], ids=["kernel-mark", "sampled"])
+def test_peak_rss_growth_sees_the_pages_a_block_touches(monkeypatch: pytest.MonkeyPatch, high_water_mark: bool):
     """Pages new to the process: an anonymous mapping written page by page (a tensor may reuse pages that the
-    allocator kept resident from earlier tests of the same worker, which the resident set already counts)."""
+    allocator kept resident from earlier tests of the same worker, which the resident set already counts); by the
+    kernel's reset peak mark and by the sampling thread that serves where the mark cannot be reset."""
+    if not high_water_mark:
+        monkeypatch.setattr(_memory, "reset_high_water", lambda: False)
     with peak_rss_growth() as growth:
         block = mmap.mmap(-1, 64 * 2**20)
         for offset in range(0, len(block), mmap.PAGESIZE):
             block[offset] = 1
-    assert 60.0 < growth.mib
+    assert 60.0 < growth.mib < 80.0
     block.close()
 
 
-def test_peak_rss_growth_counts_a_peak_the_sampling_thread_cannot_see():
+def test_the_kernel_peak_mark_is_reset_to_the_present_resident_set():
+    """The mark the measurement reads starts at the resident set, not at an earlier peak of the process."""
+    transient = mmap.mmap(-1, 64 * 2**20)
+    for offset in range(0, len(transient), mmap.PAGESIZE):
+        transient[offset] = 1
+    transient.close()
+    assert _memory.reset_high_water()
+    assert _memory.vm_high_water_mib() < _memory.rss_mib() + 8.0
+
+
+@pytest.mark.parametrize("high_water_mark", [True, False], ids=["kernel-mark", "sampled"])
+def test_peak_rss_growth_counts_a_peak_the_sampling_thread_cannot_see(high_water_mark: bool):
     """A peak reached and released inside one call that holds the GIL (as a compiled kernel's call may): the
-    sampling thread does not run during it, and the process's high-water mark counts it (a fresh bare Python
-    process that loads only the module, started by another small one: no earlier test, import or parent raised
-    its high-water mark)."""
+    sampling thread does not run during it; the kernel's reset mark counts it, and so does the process's
+    high-water mark where the sampling thread serves (a fresh bare Python process that loads only the module,
+    started by another small one: no earlier test, import or parent raised its high-water mark)."""
     code = (
         "import importlib.util\nimport sys\n"
         f"spec = importlib.util.spec_from_file_location('memory', {_memory.__file__!r})\n"
         "memory = sys.modules['memory'] = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(memory)\n"
-        "with memory.peak_rss_growth() as growth:\n"
+        + ("" if high_water_mark else "memory.reset_high_water = lambda: False\n")
+        + "with memory.peak_rss_growth() as growth:\n"
         "    transient = b'\\x01' * (256 * 2**20)\n"  # written and freed while the GIL is held
         "    del transient\n"
         "print(growth.mib)\n"
