@@ -30,6 +30,7 @@ import hashlib
 import os
 import sys
 import threading
+import types
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -626,10 +627,22 @@ def _inductor_files_beside(folder: Path) -> Iterator[None]:
 def _install_module_aliases(f_globals: dict[str, Any]) -> None:
     """Give ``f_globals`` the names by which compiled code refers to the modules of this package
     (``__import_<module with . as _dot_>``), as tracing installs them: a loaded variant's guards look them up."""
-    package = __name__.rpartition(".")[0]
-    for name, module in list(sys.modules.items()):
-        if module is not None and (name == package or name.startswith(package + ".")):
-            f_globals.setdefault(f"__import_{name.replace('.', '_dot_')}", module)
+    for module in _package_modules(sys.modules[__name__.rpartition(".")[0]]):
+        f_globals.setdefault(f"__import_{module.__name__.replace('.', '_dot_')}", module)
+
+
+def _package_modules(package: types.ModuleType) -> list[types.ModuleType]:
+    """``package`` and its imported submodules, found through the attributes an import sets on a module's parent:
+    a walk of the package's few modules instead of a pass over ``sys.modules`` (2 ms per variant loaded, 21 loads
+    in a first training step)."""
+    found, stack = {package.__name__: package}, [package]
+    while stack:
+        for value in vars(stack.pop()).values():
+            if isinstance(value, types.ModuleType) and value.__name__.startswith(package.__name__ + "."):
+                if value.__name__ not in found:
+                    found[value.__name__] = value
+                    stack.append(value)
+    return list(found.values())
 
 
 def leading_cat(first: Tensor, rest: Tensor) -> Tensor:

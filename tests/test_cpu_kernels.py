@@ -738,6 +738,22 @@ def test_saved_variants_are_tried_for_the_calls_kind_of_arguments_then_the_most_
     assert order(set())[0] == names["old"]
 
 
+def test_loaded_variants_get_the_alias_of_every_imported_module_of_the_package():
+    """The guards of a loaded variant look the package's modules up by the names tracing gives them; the walk over
+    the package's modules finds every one that ``sys.modules`` holds (the lazily imported ones included)."""
+    import sys
+
+    from polar_vit_hf.modeling import triton_attention  # noqa: F401 - a submodule imported on demand
+
+    package = cpu_kernels.__name__.rpartition(".")[0]
+    imported = {name for name, module in sys.modules.items() if module is not None and name.startswith(package)}
+    assert {module.__name__ for module in cpu_kernels._package_modules(sys.modules[package])} == imported
+    f_globals: dict = {}
+    cpu_kernels._install_module_aliases(f_globals)
+    assert f_globals["__import_" + cpu_kernels.__name__.replace(".", "_dot_")] is cpu_kernels
+    assert len(f_globals) == len(imported)
+
+
 def test_a_call_loads_the_variants_traced_with_its_sizes_of_one_first(kernels_on, tmp_path, monkeypatch):
     """A variant traced with a size 1 (a single image) serves only size 1 there, and one traced with a larger size
     only sizes of at least 2: a call of larger sizes does not load the first, however recently it was used."""
