@@ -15,8 +15,8 @@ attention core, and the default polar / ambient models under ``torch.compile(mod
 ``ambient-compiled``: side by side with eager in one run; ``--compile`` compiles every model); with checkouts
 of the public Lorentz ViTs, HyperCore's ``LViT`` and HexFormer at the same shape (``benchmarks/peers.py``).
 
-Each model runs in its own subprocess (peak memory: the growth of the resident set, sampled in
-the background, over the first training step, which includes the code and compiled kernels that step loads; peak
+Each model runs in its own subprocess (peak memory: the peak growth of the resident set over the first training
+step, from the kernel's peak mark reset before it, which includes the code and compiled kernels that step loads; peak
 tensors: the most bytes of tensors alive at once during a later step, from the profiler's allocation events, as
 CUDA's ``max_memory_allocated`` counts them; saved bytes: the distinct non-parameter tensors
 autograd keeps for backward, counted with ``torch.autograd.graph.saved_tensors_hooks``); times are
