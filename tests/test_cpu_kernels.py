@@ -9,6 +9,8 @@ compiled, and that small tensors, float64 and compiler failures stay eager.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import directions, make_inputs, radii
@@ -375,21 +377,28 @@ def test_a_models_kernels_compile_once_then_load_in_new_processes_and_match_eage
     thread, as they) loads them too, but for a corrupt file, which it compiles again.  Its training step matches
     the same step eagerly; other batch sizes, ``torch.compile(model)``, evaluation and ``inference_mode`` then run
     the kernels training used."""
-    # the polar model with inductor's cache folder unchosen, as outside this suite: its libraries beside the variants
+    # the polar model with inductor's cache folder unchosen, as outside this suite: its libraries beside the
+    # variants; and in an empty temporary directory (a reboot, a cluster job's own /tmp, a new container: inductor's
+    # default cache), where inductor builds its precompiled header (seconds: once here), which is kept beside them
+    first_tmp, fresh_tmp = tmp_path / "tmp-first", tmp_path / "tmp"
+    for folder in (first_tmp, fresh_tmp):
+        folder.mkdir()
     unchosen = {"TORCHINDUCTOR_CACHE_DIR": None} if arithmetic == "polar" else {}
-    first = train_one_step(tmp_path, arithmetic, **unchosen)
+    first = train_one_step(tmp_path, arithmetic, **({"TMPDIR": str(first_tmp), **unchosen} if unchosen else {}))
     assert first["kernels"] >= 5 and first["compiles"] >= first["kernels"] and first["jit"] == 0
     saved = sorted(tmp_path.rglob("*.bin"))
     assert len(saved) == first["compiles"]
-    # every kernel loads, none is traced or compiled; for the polar model in an empty temporary directory (a
-    # reboot, a cluster job's own /tmp, a new container: inductor's default cache), whose C++ libraries load from
-    # the kernel cache too (the empty directory costs inductor's precompiled header, seconds: once here)
-    fresh_tmp = tmp_path / "tmp"
-    fresh_tmp.mkdir()
+    # every kernel loads, none is traced or compiled; for the polar model in another empty temporary directory,
+    # whose C++ libraries load from the kernel cache too, and whose precompiled header comes back from it
     empty = {"TMPDIR": str(fresh_tmp), **unchosen} if arithmetic == "polar" else {}
     second = train_one_step(tmp_path, arithmetic, **empty)
     assert second["compiles"] == 0 and second["jit"] == 0 and second["kernels"] == first["kernels"]
     assert not list(fresh_tmp.rglob("*.so")), "C++ kernels compiled again"
+    if arithmetic == "polar":
+        (kept,) = tmp_path.glob(f"*/{cpu_kernels.PRECOMPILED_HEADERS}/*.h.gch")
+        (restored,) = fresh_tmp.rglob("*.h.gch")
+        assert restored.name == kept.name, "the precompiled header was built again"
+        assert (restored.stat().st_mtime_ns, restored.stat().st_size) == (kept.stat().st_mtime_ns, kept.stat().st_size)
     assert second["loss"] == first["loss"] and second["grads"] == first["grads"]
     assert sorted(tmp_path.rglob("*.bin")) == saved
     saved[0].write_bytes(b"not a compiled function")  # truncated by a crash, or from another build
@@ -752,6 +761,45 @@ def test_loaded_variants_get_the_alias_of_every_imported_module_of_the_package()
     cpu_kernels._install_module_aliases(f_globals)
     assert f_globals["__import_" + cpu_kernels.__name__.replace(".", "_dot_")] is cpu_kernels
     assert len(f_globals) == len(imported)
+
+
+def test_precompiled_headers_are_kept_whole_by_link_or_copy_and_only_those_built_since_a_time(tmp_path, monkeypatch):
+    """Headers the target lacks arrive under their own names, linked or (across file systems) copied with their
+    times, never half-written; headers older than ``built_since`` and other files stay behind; inductor's folder
+    of them is the one this module names."""
+    import os
+
+    from torch._inductor import codecache
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    assert Path(codecache._HEADER_DIR) == Path(default_cache_dir()) / cpu_kernels.PRECOMPILED_HEADERS
+    source, kept = tmp_path / "inductor", tmp_path / "kept"
+    source.mkdir()
+    files = {"new.h": b"#include <x.h>\n", "new.h.gch": b"pch" * 1000, "old.h.gch": b"old", "notes.txt": b"-"}
+    for name, content in files.items():
+        (source / name).write_bytes(content)
+    os.utime(source / "old.h.gch", ns=(10**18, 10**18))
+    cpu_kernels._keep_precompiled_headers(source, kept, built_since=10**9 + 1.0)
+    assert sorted(path.name for path in kept.iterdir()) == ["new.h", "new.h.gch"]
+    assert (kept / "new.h.gch").read_bytes() == files["new.h.gch"]
+    back = tmp_path / "empty-tmp" / cpu_kernels.PRECOMPILED_HEADERS
+
+    def no_links(*_):
+        raise OSError("cross-device link")
+
+    monkeypatch.setattr(cpu_kernels.os, "link", no_links)
+    cpu_kernels._keep_precompiled_headers(kept, back)
+    assert sorted(path.name for path in back.iterdir()) == ["new.h", "new.h.gch"]
+    assert (back / "new.h.gch").stat().st_mtime_ns == (kept / "new.h.gch").stat().st_mtime_ns
+    (back / "new.h").write_bytes(b"its own")  # present: left as it is
+    cpu_kernels._keep_precompiled_headers(kept, back)
+    assert (back / "new.h").read_bytes() == b"its own"
+    cpu_kernels._keep_precompiled_headers(tmp_path / "missing", back)  # nothing to keep: nothing happens
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o500)
+    if not os.access(read_only, os.W_OK):  # (root may write anyway)
+        cpu_kernels._keep_precompiled_headers(kept, read_only / "headers")
+        assert not list(read_only.iterdir())
 
 
 def test_a_call_loads_the_variants_traced_with_its_sizes_of_one_first(kernels_on, tmp_path, monkeypatch):
