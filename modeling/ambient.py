@@ -110,9 +110,14 @@ def pairwise_sq_distance(xq: Tensor, xk: Tensor, k: Curvature = 1.0) -> Tensor:
     return (sk * torch.acosh((pairwise_minus_inner(xq, xk) / k).clamp_min(1.0 + norm_floor()))).square()
 
 
-def pairwise_minus_inner(xq: Tensor, xk: Tensor) -> Tensor:
-    """All ``-<q_i, k_j>_L = q_0 k_0 - q_s . k_s`` ``(..., Nq, Nk)``: one outer product and one matmul."""
-    return xq[..., :, None, 0] * xk[..., None, :, 0] - xq[..., 1:] @ xk[..., 1:].transpose(-1, -2)
+def pairwise_minus_inner(xq: Tensor, xk: Tensor, key_times: Tensor | None = None) -> Tensor:
+    """All ``-<q_i, k_j>_L = q_0 k_0 - q_s . k_s`` ``(..., Nq, Nk)``: one outer product and one matmul.
+
+    ``key_times (..., Nk)``: the keys' time coordinates ``k_0`` as a tensor of their own (the same values).  A
+    compiled kernel loads a contiguous ``k_0`` a vector at a time, where from the points ``(..., Nk, n+1)`` it
+    gathers them one by one at the points' stride."""
+    times = xk[..., 0] if key_times is None else key_times
+    return xq[..., :, None, 0] * times[..., None, :] - xq[..., 1:] @ xk[..., 1:].transpose(-1, -2)
 
 
 def lorentz_normalize(s: Tensor, k: Curvature = 1.0) -> Tensor:

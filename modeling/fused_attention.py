@@ -714,20 +714,24 @@ class AmbientScores(NamedTuple):
     sq_dist: Tensor
 
 
-def ambient_scores(q: Tensor, keys: Tensor, k: float) -> AmbientScores:
-    """:class:`AmbientScores` of queries ``(G, N, d+1)`` and keys ``(G, M, d+1)``: the formula of
+def ambient_scores(q: Tensor, keys: Tensor, key_times: Tensor, k: float) -> AmbientScores:
+    """:class:`AmbientScores` of queries ``(G, N, d+1)`` and keys ``(G, M, d+1)`` with their time coordinates
+    ``key_times (G, M)`` contiguous (:func:`ambient.pairwise_minus_inner`): the formula of
     :func:`ambient.pairwise_sq_distance`, ``arcosh`` through ``log`` in compiled kernels
     (:func:`stable_math.kernel_acosh`)."""
-    arg = pairwise_minus_inner(q, keys) / k
+    arg = pairwise_minus_inner(q, keys, key_times) / k
     floored = arg.clamp_min(1.0 + norm_floor())
     acosh = kernel_acosh(floored)
     return AmbientScores(arg, floored, acosh, k * acosh.square())
 
 
-def _ambient_group_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float) -> tuple[Tensor, Tensor]:
-    """Forward of :class:`FusedAmbientAttention` on one group of slices ``(G, N, d+1)``: ``(lse (G, N), sums (G, N,
-    d+1))``, ``sums = P v`` before the Lorentz normalisation."""
-    logits = -scale * ambient_scores(q, keys, k).sq_dist
+def _ambient_group_forward(
+    q: Tensor, keys: Tensor, key_times: Tensor, v: Tensor, scale: Tensor, k: float
+) -> tuple[Tensor, Tensor]:
+    """Forward of :class:`FusedAmbientAttention` on one group of slices ``(G, N, d+1)`` (the keys' time coordinates
+    also as ``key_times (G, M)``, :func:`ambient_scores`): ``(lse (G, N), sums (G, N, d+1))``, ``sums = P v`` before
+    the Lorentz normalisation."""
+    logits = -scale * ambient_scores(q, keys, key_times, k).sq_dist
     top = logits.amax(-1, keepdim=True)
     probs = exp_weights(logits - top)
     total = probs.sum(-1, keepdim=True)
@@ -735,11 +739,19 @@ def _ambient_group_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k:
 
 
 def _ambient_group_backward(
-    q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, lse: Tensor, sums: Tensor, grad: Tensor, k: float
+    q: Tensor,
+    keys: Tensor,
+    key_times: Tensor,
+    v: Tensor,
+    scale: Tensor,
+    lse: Tensor,
+    sums: Tensor,
+    grad: Tensor,
+    k: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backward of :class:`FusedAmbientAttention` on one group (formulas in its docstring): gradients of ``(q, keys,
     v)`` and the per-slice scale gradient ``(G,)``."""
-    scores = ambient_scores(q, keys, k)
+    scores = ambient_scores(q, keys, key_times, k)
     probs = exp_weights(-scale * scores.sq_dist - lse.unsqueeze(-1))
     g_sums = lorentz_normalize_backward(sums, grad, k)
     g_probs = g_sums @ v.transpose(-1, -2)
@@ -762,13 +774,14 @@ def _ambient_core_forward(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: 
     ``(lse (B, H, N), sums (B, H, N, d+1))``."""
     batch, heads = q.shape[:2]
     scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
+    key_times = keys[..., 0].contiguous()
     pairs, blocks = _blocks(q, keys)
     parts = (
         run_maybe_compiled(
             _ambient_group_forward,
             q,
             block.queries(q),
-            *(block.slices(t) for t in (keys, v, scales)),
+            *(block.slices(t) for t in (keys, key_times, v, scales)),
             k,
             elements=pairs,
         )
@@ -786,10 +799,11 @@ def _ambient_core_gradients(
     per-slice scale gradient ``(G,)``."""
     batch, heads = q.shape[:2]
     scales = scale.view(1, heads, 1, 1).expand(batch, heads, 1, 1)
+    key_times = keys[..., 0].contiguous()
     pairs, blocks = _blocks(q, keys)
     for block in blocks:
         rows = (block.queries(t) for t in (lse, sums, grad))
-        inputs = (block.queries(q), *(block.slices(t) for t in (keys, v, scales)))
+        inputs = (block.queries(q), *(block.slices(t) for t in (keys, key_times, v, scales)))
         grads = run_maybe_compiled(_ambient_group_backward, q, *inputs, *rows, k, elements=pairs)
         yield block, grads
 

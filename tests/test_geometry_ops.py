@@ -55,6 +55,10 @@ class TestAgreesWithAmbientFloat64:
         pair = G.pairwise_sq_distance(self.r1, self.u1, self.r2, self.u2, k)
         assert torch.allclose(pair, A.pairwise_sq_distance(x, y, k), rtol=1e-10, atol=1e-10)
         assert torch.allclose(G.distance(self.r1, self.u1, self.r2, self.u2, k), A.distance(x, y, k), rtol=1e-10)
+        # the keys' time coordinates given apart (the fused kernels' contiguous copy): the same values, bit for bit
+        inner = A.pairwise_minus_inner(x, y)
+        assert torch.equal(A.pairwise_minus_inner(x, y, y[..., 0].contiguous()), inner)
+        assert -inner[..., 0, 1] == pytest.approx(A.inner(x[..., 0, :], y[..., 1, :]).item(), rel=1e-12)
 
     def test_centroid(self, k):
         x, _ = self.amb(k)
