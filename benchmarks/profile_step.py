@@ -1,10 +1,12 @@
 """Where a training step goes: ``torch.profiler`` tables per operator and per layer kind.
 
 Run:  python benchmarks/profile_step.py [--preset tiny-cifar] [--batch 64] [--image_size 56]
-          [--model polar|ambient|euclidean] [--threads N] [--top 25] [--device cpu|cuda] [--out outputs/profile_step]
+          [--model polar|ambient|euclidean|hypercore|hexformer] [--hypercore DIR] [--hexformer DIR] [--threads N]
+          [--top 25] [--device cpu|cuda] [--out outputs/profile_step]
 
-One model (Polar-ViT polar or ambient, or transformers' same-shape ViT) in train mode; two warm-up steps (the
-compiled CPU kernels compile in the first), then one profiled forward + backward.  Prints
+One model (Polar-ViT polar or ambient, transformers' same-shape ViT, or with its checkout one of the public
+Lorentz ViTs, ``benchmarks/peers.py``) in train mode; two warm-up steps (the compiled CPU kernels compile in the
+first), then one profiled forward + backward.  Prints
 
 * the operators by self CPU time (``key_averages``), the top ``--top``;
 * the forward time per layer kind (Polar-FC, attention, gyro norm, residual, position encoding, embeddings,
@@ -34,6 +36,7 @@ import importlib
 import os
 import pkgutil
 import statistics
+import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -65,14 +68,19 @@ LAYER_KINDS = {  # module class name -> layer kind
 }
 
 
-def build(name: str, preset: str, image_size: int | None = None):
+def build(name: str, preset: str, image_size: int | None = None, checkout: str | None = None):
+    """The model ``name`` at ``preset``'s shape and its configuration; a peer (``hypercore``, ``hexformer``) from
+    its ``checkout``."""
     import polar_vit_hf as P
     from polar_vit_hf.baselines import euclidean_vit
+    from polar_vit_hf.benchmarks.peers import PEERS, peer_classifier
 
     config = P.PolarViTConfig.from_preset(preset, num_labels=100)
     config.image_size = image_size or config.image_size  # the patch grid, so the tokens: long sequences
     if name == "euclidean":
         return euclidean_vit(config), config
+    if name in PEERS:
+        return peer_classifier(name, Path(str(checkout)), config), config
     config.arithmetic = name
     return P.PolarViTForImageClassification(config), config
 
@@ -290,25 +298,32 @@ def host_syncs(step: Callable[[], None]) -> Counter[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from polar_vit_hf.benchmarks.peers import PEERS
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny-cifar")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument(
         "--image_size", type=int, help="images of this size instead of the preset's (more patches: longer sequences)"
     )
-    parser.add_argument("--model", choices=("polar", "ambient", "euclidean"), default="polar")
+    parser.add_argument("--model", choices=("polar", "ambient", "euclidean", *PEERS), default="polar")
+    parser.add_argument("--hypercore", help="a checkout of github.com/Graph-and-Geometric-Learning/HyperCore")
+    parser.add_argument("--hexformer", help="a checkout of github.com/HayaAlyoussef/HexFormer")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--wall_steps", type=int, default=5, help="steps of the wall-clock table (0: none)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", type=Path, default=Path("outputs/profile_step"))
     args = parser.parse_args(argv)
+    if args.model in PEERS and not getattr(args, args.model):
+        print(f"--model {args.model} needs --{args.model} DIR (a checkout of the peer's repository)", file=sys.stderr)
+        return 2
     from torch.profiler import ProfilerActivity, profile
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    model, config = build(args.model, args.preset, args.image_size)
+    model, config = build(args.model, args.preset, args.image_size, getattr(args, args.model, None))
     model.to(device).train()
     pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)
     labels = torch.randint(0, 100, (args.batch,), device=device)
@@ -378,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         for source, count in syncs.most_common(args.top):
             print(f"{source:<60} {count:>7}")
     wall_csv = ""
-    if args.wall_steps > 0 and args.model != "euclidean" and device.type == "cpu":
+    if args.wall_steps > 0 and args.model in ("polar", "ambient") and device.type == "cpu":
         wall_csv = " wall.csv,"
         step_ms, wall = wall_table(step, args.wall_steps)
         print_wall_table(step_ms, wall, args.wall_steps)

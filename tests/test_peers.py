@@ -42,6 +42,15 @@ def test_step_time_asks_for_the_checkout_of_a_peer(capsys):
     assert "--models hypercore needs --hypercore DIR" in capsys.readouterr().err
 
 
+def test_profile_step_asks_for_the_checkout_of_a_peer(capsys, tmp_path):
+    from polar_vit_hf.benchmarks import profile_step
+
+    assert profile_step.main(["--model", "hexformer", "--out", str(tmp_path)]) == 2
+    assert "--model hexformer needs --hexformer DIR" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="not a HyperCore checkout"):
+        profile_step.main(["--model", "hypercore", "--hypercore", str(tmp_path), "--out", str(tmp_path)])
+
+
 @pytest.mark.slow
 def test_peers_without_checkouts_times_the_three_own_models_and_writes_its_tables(tmp_path, capsys):
     code = peers.main(
