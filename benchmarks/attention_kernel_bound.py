@@ -64,7 +64,8 @@ def hand_written_call(extension, rows) -> Callable:
     from polar_vit_hf.modeling.stable_math import weight_cutoff
 
     row = rows.scalars
-    fields = (rows.uq, rows.uk, rows.uv, row.a, row.b, row.sinh_a, row.sinh_b)
+    exps = (row.exp_a, row.exp_minus_a, row.exp_b, row.exp_minus_b)
+    fields = (rows.uq, rows.uk, rows.uv, row.a, row.b, *exps, row.sinh_a, row.sinh_b)
     values = (row.sinh_beta, row.cosh_beta, row.exp_beta, row.root_coef.reshape(-1))
     args = [t.contiguous() for t in (*fields, *values)]
     cutoff = float(weight_cutoff(torch.float32))

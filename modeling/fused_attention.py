@@ -32,7 +32,7 @@ from .ambient import (
 from .cpu_kernels import first_order, opaque_to_torch_compile, run_maybe_compiled
 from .geometry import centroid_radius
 from .runtime import runtime_options
-from .stable_math import distance_slope, exp_weights, kernel_acosh, safe_normalize, sinh_cosh
+from .stable_math import distance_slope, exp_weights, kernel_acosh, pair_cosh_minus_one, safe_normalize, sinh_cosh
 
 CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
 PAIR_TERMS = 2  # per-pair terms the group backward returns last, so that its kernel stores them once
@@ -122,16 +122,21 @@ def narrow_product(a: Tensor, b: Tensor) -> Tensor:
 
 class RowScalars(NamedTuple):
     """The per-slice quantities of :class:`AttentionRows`, all contiguous ``(B, H, ...)`` (a group's ``(G, ...)``):
-    radii over ``sqrt(k)`` (``a`` queries, ``b`` keys, ``beta`` values), their hyperbolic functions, ``e^{-beta}``,
-    the per-slice ``scale`` and ``sqrt(4 k scale)``."""
+    radii over ``sqrt(k)`` (``a`` queries, ``b`` keys, ``beta`` values), their hyperbolic functions, ``e^{+-a}``
+    and ``e^{+-b}`` (whose products are every pair's ``e^{+-(a_i - b_j)}``, :func:`stable_math.pair_cosh_minus_one`),
+    ``e^{-beta}``, the per-slice ``scale`` and ``sqrt(4 k scale)``."""
 
     a: Tensor
     b: Tensor
     beta: Tensor
     sinh_a: Tensor
     cosh_a: Tensor
+    exp_a: Tensor
+    exp_minus_a: Tensor
     sinh_b: Tensor
     cosh_b: Tensor
+    exp_b: Tensor
+    exp_minus_b: Tensor
     sinh_beta: Tensor
     cosh_beta: Tensor
     exp_beta: Tensor
@@ -153,14 +158,13 @@ class GroupRows(NamedTuple):
 
 class PairDistances(NamedTuple):
     """Eq. 5 for all pairs of a group (all ``(G, N, M)``): the scaled distance ``w`` (the score is ``-w^2``),
-    ``asinh s``, ``s^2 = c/2``, ``sqrt(1 + s^2)``, ``t = expm1(|a_i - b_j|)`` and ``a_i - b_j``."""
+    ``asinh s``, ``s^2 = c/2``, ``sqrt(1 + s^2)`` and ``sinh(a_i - b_j)`` (the radii's term of ``dc/da_i``)."""
 
     w: Tensor
     asinh_s: Tensor
     s_sq: Tensor
     root: Tensor
-    t: Tensor
-    diff: Tensor
+    sinh_x: Tensor
 
 
 class RowStatistics(NamedTuple):
@@ -177,18 +181,20 @@ class RowStatistics(NamedTuple):
 
 
 def scaled_distances(chord: Tensor, rows: GroupRows) -> PairDistances:
-    """Eq. 5 for all pairs of a group from their chords: ``c / 2 = s^2 = 1/4 t^2 / (1 + t) + 1/2 sinh a_i sinh b_j
-    chord_ij`` with ``t = expm1(|a_i - b_j|)`` (every term non-negative), ``asinh s`` in its non-negative form
-    (:func:`stable_math.asinh_nonneg`, spelled with ``addcdiv``) and ``w = sqrt(4 k scale) asinh s`` (Eq. 9)."""
+    """Eq. 5 for all pairs of a group from their chords: ``c / 2 = s^2 = 1/2 (cosh(a_i - b_j) - 1) + 1/2 sinh a_i
+    sinh b_j chord_ij`` (every term non-negative; the first from the radii's exponentials and a series,
+    :func:`stable_math.pair_cosh_minus_one`: no transcendental function per pair), ``asinh s`` in its non-negative
+    form (:func:`stable_math.asinh_nonneg`, spelled with ``addcdiv``) and ``w = sqrt(4 k scale) asinh s`` (Eq. 9)."""
     row = rows.scalars
-    diff = row.a.unsqueeze(-1) - row.b.unsqueeze(-2)
-    t = torch.expm1(diff.abs())
-    s_sq = torch.addcdiv(
-        chord * (0.5 * row.sinh_b).unsqueeze(-2) * row.sinh_a.unsqueeze(-1), t * t, 1.0 + t, value=0.25
+    cosh_minus, sinh_x = pair_cosh_minus_one(
+        row.a.unsqueeze(-1) - row.b.unsqueeze(-2),
+        row.exp_a.unsqueeze(-1) * row.exp_minus_b.unsqueeze(-2),
+        row.exp_minus_a.unsqueeze(-1) * row.exp_b.unsqueeze(-2),
     )
+    s_sq = torch.addcmul(0.5 * cosh_minus, chord * (0.5 * row.sinh_b).unsqueeze(-2), row.sinh_a.unsqueeze(-1))
     root = torch.sqrt(1.0 + s_sq)
     asinh_s = torch.log1p(torch.addcdiv(torch.sqrt(s_sq), s_sq, 1.0 + root))
-    return PairDistances(asinh_s * row.root_coef, asinh_s, s_sq, root, t, diff)
+    return PairDistances(asinh_s * row.root_coef, asinh_s, s_sq, root, sinh_x)
 
 
 def value_operand(rows: GroupRows) -> Tensor:
@@ -313,8 +319,8 @@ def _attention_group_backward(
     """Backward of :class:`FusedPolarAttention` on one group (formulas in its docstring): gradients of ``(rq, uq,
     rk, uk, rv, uv)``, the per-slice scale gradient (all ``(G, ...)``) and, last, the pairs' ``sinh(a_i - b_j)`` and
     ``dD^2/dc`` ``(G, N, M)``, which the caller drops: as outputs, a compiled kernel stores them in the loop that
-    evaluates Eq. 5 instead of evaluating ``expm1``, ``sqrt`` and their divisions again in each loop that sums
-    them (:data:`PAIR_TERMS`)."""
+    evaluates Eq. 5 instead of evaluating Eq. 5's series, ``sqrt`` and their divisions again in each loop that
+    sums them (:data:`PAIR_TERMS`)."""
     uq, uk, uv, u_hat, v_norm = rows.uq, rows.uk, rows.uv, saved.u_hat, saved.v_norm
     row = rows.scalars
     sinh_a, sinh_b, sinh_beta = row.sinh_a, row.sinh_b, row.sinh_beta.unsqueeze(-1)
@@ -326,7 +332,6 @@ def _attention_group_backward(
     chord = pair_chords(uq, rows.uk_t)
     d = scaled_distances(chord, rows)
     probs = exp_weights(-saved.lse.unsqueeze(-1) - d.w.square())
-    sinh_x = torch.addcdiv(0.5 * d.t, 0.5 * d.t, 1.0 + d.t).copysign_(d.diff)  # sinh(a_i - b_j)
     v_bar = _centre(uv)
     centred_v = uv - v_bar
     sums = narrow_product(probs, torch.cat([sinh_beta, sinh_beta * centred_v], dim=-1))
@@ -351,7 +356,7 @@ def _attention_group_backward(
     slope = distance_slope(2.0 * d.s_sq, d.asinh_s, d.root)
     g_c = g_score.mul_(slope)  # dL/d(c) / (-scale k)
     # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
-    g_c_sinh_x = g_c * sinh_x
+    g_c_sinh_x = g_c * d.sinh_x
     chord_g = chord.mul_(g_c)  # sums weighted by sinh b_j / sinh a_i (elementwise: matrix-vector bmm is slow)
     g_a = g_c_sinh_x.sum(-1) + row.cosh_a * (chord_g * sinh_b.unsqueeze(-2)).sum(-1)
     g_b = row.cosh_b * (chord_g * sinh_a.unsqueeze(-1)).sum(-2) - g_c_sinh_x.sum(-2)
@@ -374,7 +379,7 @@ def _attention_group_backward(
         g_beta / sk,
         g_uv,
         g_scale,
-        sinh_x,
+        d.sinh_x,
         slope,
     )
 
@@ -496,10 +501,27 @@ def row_scalars(rq: Tensor, rk: Tensor, rv: Tensor, scale: Tensor, k: float) -> 
     sinh_beta, cosh_beta = sinh_cosh(beta)
     scale_g = scale.view(1, -1, 1, 1).expand(rq.shape[0], -1, 1, 1).contiguous()
     exp_beta, root_coef = torch.exp(-beta), torch.sqrt(scale_g * (4.0 * k))
-    return RowScalars(a, b, beta, sinh_a, cosh_a, sinh_b, cosh_b, sinh_beta, cosh_beta, exp_beta, scale_g, root_coef)
+    return RowScalars(
+        a,
+        b,
+        beta,
+        sinh_a,
+        cosh_a,
+        torch.exp(a),
+        torch.exp(-a),
+        sinh_b,
+        cosh_b,
+        torch.exp(b),
+        torch.exp(-b),
+        sinh_beta,
+        cosh_beta,
+        exp_beta,
+        scale_g,
+        root_coef,
+    )
 
 
-QUERY_SCALARS = ("a", "sinh_a", "cosh_a")  # the fields of RowScalars that run over the query rows
+QUERY_SCALARS = ("a", "sinh_a", "cosh_a", "exp_a", "exp_minus_a")  # the fields of RowScalars over the query rows
 
 
 class AttentionRows:

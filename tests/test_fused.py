@@ -33,6 +33,7 @@ from polar_vit_hf.modeling.stable_math import (
     exp_weights,
     kernel_acosh,
     kernel_log1p,
+    pair_cosh_minus_one,
     scaled_sinh_cosh,
     sinh_cosh,
 )
@@ -94,6 +95,53 @@ def test_scaled_sinh_cosh_has_no_cancellation_at_small_radii():
                     assert ((value - want).abs() <= slack * want + torch.finfo(dtype).tiny).all(), (dtype, f)
     points = torch.tensor([-1e-3, 0.0, 1e-3, 1.5], dtype=F64, requires_grad=True)
     assert gradcheck(lambda t: scaled_sinh_cosh(t, torch.tensor(2.0, dtype=F64)), (points,))
+
+
+def _pair_terms(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pair_cosh_minus_one`` of radii ``a, b`` as the attention calls it: the per-radius exponentials' products."""
+    return pair_cosh_minus_one(a - b, torch.exp(a) * torch.exp(-b), torch.exp(-a) * torch.exp(b))
+
+
+def _radius_pairs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Radii 0, 1e-3, 0.5, 4, 8, 12, 30 and 80 against each other and against neighbours from one ulp to 20 away,
+    on both sides of the series' bound 3 (``difference_series_below``)."""
+    base = [0.0, 1e-3, 0.5, 4.0, 8.0, 12.0, 30.0, 80.0]
+    offsets = [1e-7, 1e-4, 0.01, 0.1, 1.0, 2.9999, 3.0, 3.0001, 5.0, 20.0]
+    pairs = [(x, y) for x in base for y in base]
+    for x in base:
+        x_t = torch.tensor(x, dtype=dtype)
+        pairs += [(x, float(torch.nextafter(x_t, x_t + 1))), (x, float(torch.nextafter(x_t, x_t - 1)))]
+        pairs += [(x, y) for off in offsets for y in (x + off, x - off) if 0.0 <= y < 85.0]
+    a, b = torch.tensor(pairs, dtype=dtype).abs().unbind(-1)
+    return a, b
+
+
+def test_pair_cosh_minus_one_matches_mpmath_at_every_radius():
+    """``(cosh(a - b) - 1, sinh(a - b))`` of Eq. 5 from the radii's exponentials and the half-angle series (the
+    attention's per-pair form, no transcendental function per pair) against mpmath on the same inputs, radii 0 to
+    80: a few ulp in float64 and float32, including the rounding of ``a - b`` where the series serve (differences
+    whose ``cosh - 1`` underflows round to zero in both forms); exact zeros at ``a = b``; as accurate as
+    ``cosh_minus_one`` (one ``expm1`` per pair) on the same pairs.  Smooth across the series' bound: gradcheck at
+    ``|a - b|`` = 2.99, 3 and 3.01."""
+    for dtype, bound in ((F64, 8 * 2.0**-53), (torch.float32, 8 * 2.0**-24)):
+        a, b = _radius_pairs(dtype)
+        cosh_minus, sinh_x = (v.double() for v in _pair_terms(a, b))
+        old_cosh_minus, old_sinh = (v.double() for v in cosh_minus_one(a - b))
+        with mpmath.workdps(40):
+            diffs = [mpmath.mpf(float(x)) - mpmath.mpf(float(y)) for x, y in zip(a, b)]
+            want_c = torch.tensor([float(2 * mpmath.sinh(d / 2) ** 2) for d in diffs], dtype=F64)
+            want_s = torch.tensor([float(mpmath.sinh(d)) for d in diffs], dtype=F64)
+        same = a == b
+        assert (cosh_minus[same] == 0).all() and (sinh_x[same] == 0).all()
+        normal = ~same & (want_c >= torch.finfo(dtype).tiny)  # (below it, both forms round to zero)
+        for got, old, want in ((cosh_minus, old_cosh_minus, want_c), (sinh_x, old_sinh, want_s)):
+            err = ((got - want).abs() / want.abs())[normal]
+            old_err = ((old - want).abs() / want.abs())[normal]
+            assert err.max() <= bound, (dtype, float(err.max()))
+            assert err.max() <= max(1.5 * old_err.max(), 4 * torch.finfo(dtype).eps), (dtype, float(err.max()))
+    x = torch.tensor([2.99, 3.0, 3.01, -3.0, 0.0], dtype=F64, requires_grad=True)
+    b = torch.tensor(4.0, dtype=F64)
+    assert gradcheck(lambda t: _pair_terms(b + t, b), (x,))
 
 
 # --------------------------------------------------------------------------------------------
