@@ -58,7 +58,8 @@ Vec cosh_minus_one_series(const Vec& x) {
 }  // namespace
 
 // Inputs (float32, contiguous): directions uq (G, N, D), uk (G, M, D), uv (G, M, D); radii over sqrt(k) a (G, N),
-// b (G, M); e^a, e^{-a}, e^b, e^{-b}, sinh a, sinh b, sinh beta, cosh beta, e^{-beta}; root_coef = sqrt(4 k scale) (G,).  Returns
+// b (G, M); e^a, e^{-a}, e^b, e^{-b}, sinh a, sinh b, sinh beta, cosh beta, e^{-beta}; root_coef = sqrt(4 k scale)
+// (G,).  Returns
 // (lse (G, N), sums = (T, E, V) (G, N, D+2), ||V|| (G, N), u_hat (G, N, D), S (G, N)).
 std::vector<torch::Tensor> forward(torch::Tensor uq, torch::Tensor uk, torch::Tensor uv, torch::Tensor a,
                                    torch::Tensor b, torch::Tensor exp_a, torch::Tensor exp_minus_a,
@@ -108,7 +109,8 @@ std::vector<torch::Tensor> forward(torch::Tensor uq, torch::Tensor uk, torch::Te
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t row = g * rows + i;
         const float* q = q_ptr + row * dim;
-        const Vec a_i(a_ptr[row]), exp_a_i(ea_ptr[row]), exp_minus_a_i(ema_ptr[row]), half_sinh_a(0.5f * sa_ptr[row]);
+        const Vec a_i(a_ptr[row]), half_sinh_a(0.5f * sa_ptr[row]);
+        const Vec exp_a_i(ea_ptr[row]), exp_minus_a_i(ema_ptr[row]);
         Vec low(INFINITY);
         for (int64_t j = 0; j < padded; j += kLanes) {  // Eq. 5 and 9: w^2 per pair
           Vec chord = half_square_distance(q, k_t.data(), padded, j, dim);
