@@ -32,7 +32,15 @@ from .ambient import (
 from .cpu_kernels import first_order, opaque_to_torch_compile, run_maybe_compiled
 from .geometry import centroid_radius
 from .runtime import runtime_options
-from .stable_math import distance_slope, exp_weights, kernel_acosh, pair_cosh_minus_one, safe_normalize, sinh_cosh
+from .stable_math import (
+    distance_slope,
+    exp_weights,
+    kernel_acosh,
+    pair_cosh_minus_one,
+    pair_sinh,
+    safe_normalize,
+    sinh_cosh,
+)
 
 CHORD_PRODUCT_ABOVE = 1e-6  # chords from a float64 inner product at and above this value (error <= 2e-9 relative)
 PAIR_TERMS = 2  # per-pair terms the group backward returns last, so that its kernel stores them once
@@ -62,6 +70,7 @@ __all__ = [
     "head_major",
     "narrow_product",
     "pair_chords",
+    "radius_differences",
     "row_gradients",
     "stationarity_correction",
 ]
@@ -158,13 +167,12 @@ class GroupRows(NamedTuple):
 
 class PairDistances(NamedTuple):
     """Eq. 5 for all pairs of a group (all ``(G, N, M)``): the scaled distance ``w`` (the score is ``-w^2``),
-    ``asinh s``, ``s^2 = c/2``, ``sqrt(1 + s^2)`` and ``sinh(a_i - b_j)`` (the radii's term of ``dc/da_i``)."""
+    ``asinh s``, ``s^2 = c/2`` and ``sqrt(1 + s^2)``."""
 
     w: Tensor
     asinh_s: Tensor
     s_sq: Tensor
     root: Tensor
-    sinh_x: Tensor
 
 
 class RowStatistics(NamedTuple):
@@ -180,21 +188,28 @@ class RowStatistics(NamedTuple):
     u_hat: Tensor
 
 
+def radius_differences(rows: GroupRows) -> tuple[Tensor, Tensor, Tensor]:
+    """``(a_i - b_j, e^{a_i - b_j}, e^{b_j - a_i})`` ``(G, N, M)`` for all pairs of a group, the exponentials as
+    products of the rows' (:func:`stable_math.pair_cosh_minus_one`, :func:`stable_math.pair_sinh`)."""
+    row = rows.scalars
+    return (
+        row.a.unsqueeze(-1) - row.b.unsqueeze(-2),
+        row.exp_a.unsqueeze(-1) * row.exp_minus_b.unsqueeze(-2),
+        row.exp_minus_a.unsqueeze(-1) * row.exp_b.unsqueeze(-2),
+    )
+
+
 def scaled_distances(chord: Tensor, rows: GroupRows) -> PairDistances:
     """Eq. 5 for all pairs of a group from their chords: ``c / 2 = s^2 = 1/2 (cosh(a_i - b_j) - 1) + 1/2 sinh a_i
     sinh b_j chord_ij`` (every term non-negative; the first from the radii's exponentials and a series,
     :func:`stable_math.pair_cosh_minus_one`: no transcendental function per pair), ``asinh s`` in its non-negative
     form (:func:`stable_math.asinh_nonneg`, spelled with ``addcdiv``) and ``w = sqrt(4 k scale) asinh s`` (Eq. 9)."""
     row = rows.scalars
-    cosh_minus, sinh_x = pair_cosh_minus_one(
-        row.a.unsqueeze(-1) - row.b.unsqueeze(-2),
-        row.exp_a.unsqueeze(-1) * row.exp_minus_b.unsqueeze(-2),
-        row.exp_minus_a.unsqueeze(-1) * row.exp_b.unsqueeze(-2),
-    )
+    cosh_minus = pair_cosh_minus_one(*radius_differences(rows))
     s_sq = torch.addcmul(0.5 * cosh_minus, chord * (0.5 * row.sinh_b).unsqueeze(-2), row.sinh_a.unsqueeze(-1))
     root = torch.sqrt(1.0 + s_sq)
     asinh_s = torch.log1p(torch.addcdiv(torch.sqrt(s_sq), s_sq, 1.0 + root))
-    return PairDistances(asinh_s * row.root_coef, asinh_s, s_sq, root, sinh_x)
+    return PairDistances(asinh_s * row.root_coef, asinh_s, s_sq, root)
 
 
 def value_operand(rows: GroupRows) -> Tensor:
@@ -332,6 +347,7 @@ def _attention_group_backward(
     chord = pair_chords(uq, rows.uk_t)
     d = scaled_distances(chord, rows)
     probs = exp_weights(-saved.lse.unsqueeze(-1) - d.w.square())
+    sinh_x = pair_sinh(*radius_differences(rows))  # sinh(a_i - b_j)
     v_bar = _centre(uv)
     centred_v = uv - v_bar
     sums = narrow_product(probs, torch.cat([sinh_beta, sinh_beta * centred_v], dim=-1))
@@ -356,7 +372,7 @@ def _attention_group_backward(
     slope = distance_slope(2.0 * d.s_sq, d.asinh_s, d.root)
     g_c = g_score.mul_(slope)  # dL/d(c) / (-scale k)
     # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
-    g_c_sinh_x = g_c * d.sinh_x
+    g_c_sinh_x = g_c * sinh_x
     chord_g = chord.mul_(g_c)  # sums weighted by sinh b_j / sinh a_i (elementwise: matrix-vector bmm is slow)
     g_a = g_c_sinh_x.sum(-1) + row.cosh_a * (chord_g * sinh_b.unsqueeze(-2)).sum(-1)
     g_b = row.cosh_b * (chord_g * sinh_a.unsqueeze(-1)).sum(-2) - g_c_sinh_x.sum(-2)
@@ -379,7 +395,7 @@ def _attention_group_backward(
         g_beta / sk,
         g_uv,
         g_scale,
-        d.sinh_x,
+        sinh_x,
         slope,
     )
 

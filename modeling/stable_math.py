@@ -58,6 +58,7 @@ __all__ = [
     "kernel_log1p",
     "page_in_vector_math",
     "pair_cosh_minus_one",
+    "pair_sinh",
     "perp",
     "perp_parts",
     "safe_norm",
@@ -227,36 +228,42 @@ def difference_series_below() -> float:
 
 def half_angle_series(z: Tensor, odd: bool) -> Tensor:
     """``sinh(y) / y`` (``odd``) or ``cosh y`` of ``z = y^2 <= 9/4`` by their Taylor series ``sum_k z^k / (2k +
-    odd)!`` (Horner), truncated where the first term left out is below the dtype's rounding: 7 terms in float32
-    (``2.25^7 / 14! = 3e-9``), 11 in float64 (``2.25^11 / 22! = 7e-18``)."""
+    odd)!`` (Horner, in place: eagerly no tensor per term), truncated where the first term left out is below the
+    dtype's rounding: 7 terms in float32 (``2.25^7 / 14! = 3e-9``), 11 in float64 (``2.25^11 / 22! = 7e-18``)."""
     terms = 11 if z.dtype == torch.float64 else 7
     coefficients = [1.0 / math.factorial(2 * k + int(odd)) for k in range(terms)]
     out = z * coefficients[-1] + coefficients[-2]
     for coefficient in reversed(coefficients[:-2]):
-        out = out * z + coefficient
+        out.mul_(z).add_(coefficient)
     return out
 
 
-def pair_cosh_minus_one(x: Tensor, exp_x: Tensor, exp_minus_x: Tensor) -> tuple[Tensor, Tensor]:
-    """``(cosh x - 1, sinh x)`` for the radius differences ``x = a_i - b_j`` of all pairs (the first term of the law
-    of haversines, Eq. 5, and its derivative) without a transcendental function per pair, given ``e^x = e^{a_i}
-    e^{-b_j}`` and ``e^{-x} = e^{-a_i} e^{b_j}`` as products of per-radius exponentials (each to a few ulp: no
-    cancellation in a product).
+def pair_cosh_minus_one(x: Tensor, exp_x: Tensor, exp_minus_x: Tensor) -> Tensor:
+    """``cosh x - 1`` for the radius differences ``x = a_i - b_j`` of all pairs (the first term of the law of
+    haversines, Eq. 5) without a transcendental function per pair, given ``e^x = e^{a_i} e^{-b_j}`` and ``e^{-x} =
+    e^{-a_i} e^{b_j}`` as products of per-radius exponentials (each to a few ulp: no cancellation in a product).
 
-    ``|x| >=`` :func:`difference_series_below`: ``cosh x - 1 = (e^x + e^{-x}) / 2 - 1`` (the subtraction amplifies
-    the rounding at most ``cosh 3 / (cosh 3 - 1) = 1.11`` times) and ``sinh x = (e^x - e^{-x}) / 2`` (at most
-    ``coth 3 = 1.005`` times).  Below, with ``y = x / 2``: ``cosh x - 1 = 2 sinh^2 y`` and ``sinh x = 2 sinh y cosh
-    y``, by :func:`half_angle_series`: products of factors of one sign, exact to a few ulp down to ``x = 0``.  The
-    same values as :func:`cosh_minus_one` (one ``expm1`` and a division per pair) to a few ulp at any radius whose
-    ``e^r`` is finite; in a compiled kernel both forms are evaluated for every pair and one is selected.
+    ``|x| >=`` :func:`difference_series_below`: ``(e^x + e^{-x}) / 2 - 1`` (the subtraction amplifies the rounding at
+    most ``cosh 3 / (cosh 3 - 1) = 1.11`` times).  Below: ``2 sinh^2(x/2)`` by :func:`half_angle_series`, a product
+    of factors of one sign, exact to a few ulp down to ``x = 0``.  The value of :func:`cosh_minus_one` (one ``expm1``
+    and a division per pair) to a few ulp at any radius whose ``e^r`` is finite; in a compiled kernel both forms are
+    evaluated for every pair and one is selected.
     """
     y = 0.5 * x
-    z = y * y
-    sinh_y = y * half_angle_series(z, odd=True)
+    sinh_y = y * half_angle_series(y * y, odd=True)
     near = x.abs() < difference_series_below()
-    cosh_minus = torch.where(near, 2.0 * sinh_y * sinh_y, 0.5 * (exp_x + exp_minus_x) - 1.0)
-    sinh_x = torch.where(near, 2.0 * sinh_y * half_angle_series(z, odd=False), 0.5 * (exp_x - exp_minus_x))
-    return cosh_minus, sinh_x
+    return torch.where(near, 2.0 * sinh_y * sinh_y, 0.5 * (exp_x + exp_minus_x) - 1.0)
+
+
+def pair_sinh(x: Tensor, exp_x: Tensor, exp_minus_x: Tensor) -> Tensor:
+    """``sinh x`` for the radius differences of all pairs (the radii's term of Eq. 5's derivative), from the same
+    inputs as :func:`pair_cosh_minus_one`: ``(e^x - e^{-x}) / 2`` where ``|x| >=`` :func:`difference_series_below`
+    (rounding amplified at most ``coth 3 = 1.005`` times), below ``2 sinh(x/2) cosh(x/2)`` by
+    :func:`half_angle_series`."""
+    y = 0.5 * x
+    z = y * y
+    series = 2.0 * y * half_angle_series(z, odd=True) * half_angle_series(z, odd=False)
+    return torch.where(x.abs() < difference_series_below(), series, 0.5 * (exp_x - exp_minus_x))
 
 
 def sinhc_sq(omega_sq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

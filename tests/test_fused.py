@@ -34,6 +34,7 @@ from polar_vit_hf.modeling.stable_math import (
     kernel_acosh,
     kernel_log1p,
     pair_cosh_minus_one,
+    pair_sinh,
     scaled_sinh_cosh,
     sinh_cosh,
 )
@@ -98,8 +99,10 @@ def test_scaled_sinh_cosh_has_no_cancellation_at_small_radii():
 
 
 def _pair_terms(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pair_cosh_minus_one`` of radii ``a, b`` as the attention calls it: the per-radius exponentials' products."""
-    return pair_cosh_minus_one(a - b, torch.exp(a) * torch.exp(-b), torch.exp(-a) * torch.exp(b))
+    """``pair_cosh_minus_one`` and ``pair_sinh`` of radii ``a, b`` as the attention calls them: the per-radius
+    exponentials' products."""
+    args = (a - b, torch.exp(a) * torch.exp(-b), torch.exp(-a) * torch.exp(b))
+    return pair_cosh_minus_one(*args), pair_sinh(*args)
 
 
 def _radius_pairs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
