@@ -369,7 +369,7 @@ def _attention_group_backward(
     # softmax, scores and the scale: score = -scale k D^2, D^2 = 4 asinh(s)^2
     g_score = (g_p - (probs * g_p).sum(-1, keepdim=True)).mul_(probs)
     g_scale = (g_score * d.asinh_s.square()).sum(dim=(1, 2)) * (-4.0 * k)
-    slope = distance_slope(2.0 * d.s_sq, d.asinh_s, d.root)
+    slope = distance_slope(d.s_sq, d.asinh_s, d.root)
     g_c = g_score.mul_(slope)  # dL/d(c) / (-scale k)
     # Eq. 5: radii and chords; the chord gradient centred on the mean key direction (Eq. 25)
     g_c_sinh_x = g_c * sinh_x

@@ -382,7 +382,7 @@ def gyro_norm_backward(
     g_a_m = g_a_m.sum(-1)
     g_u_hat = -g_u1.squeeze(-2)
     # dispersion
-    g_c = (g_variance * (k / tokens)).unsqueeze(-1) * distance_slope(st.c, st.asinh_s, st.root)
+    g_c = (g_variance * (k / tokens)).unsqueeze(-1) * distance_slope(0.5 * st.c, st.asinh_s, st.root)
     sinh_a, cosh_a, chord = st.sinh_a, st.cosh_a, st.chord
     g_a = g_a + g_c * (st.sinh_x + cosh_a * st.sinh_m.unsqueeze(-1) * chord)
     g_a_m = g_a_m + (g_c * (sinh_a * st.cosh_m.unsqueeze(-1) * chord - st.sinh_x)).sum(-1)

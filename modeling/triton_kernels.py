@@ -76,7 +76,8 @@ if TRITON_AVAILABLE:
         asinh_mid = _log1p(s_mid + s2 / (1.0 + tl.sqrt(1.0 + s2)))
         asinh = tl.where(big, tl.log(tl.where(big, s, 1.0)) + 0.6931471805599453, asinh_mid)
         exact = asinh / tl.where(s > 0, s, 1.0)
-        return tl.where(c < SERIES_CUTOFF_TL, 1.0 - s2 / 6.0 + 0.075 * s2 * s2, exact)
+        series = 1.0 + s2 * (-1.0 / 6.0 + s2 * (0.075 - s2 * (5.0 / 112.0)))  # stable_math.asinhc_series
+        return tl.where(c < SERIES_CUTOFF_TL, series, exact)
 
     @triton.jit
     def _asinh_exp(ell):

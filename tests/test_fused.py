@@ -30,12 +30,14 @@ from polar_vit_hf.modeling.stable_math import (
     asinh_exp,
     asinh_sqrt_half,
     cosh_minus_one,
+    distance_slope,
     exp_weights,
     kernel_acosh,
     kernel_log1p,
     pair_cosh_minus_one,
     pair_sinh,
     scaled_sinh_cosh,
+    series_cutoff,
     sinh_cosh,
 )
 
@@ -145,6 +147,32 @@ def test_pair_cosh_minus_one_matches_mpmath_at_every_radius():
     x = torch.tensor([2.99, 3.0, 3.01, -3.0, 0.0], dtype=F64, requires_grad=True)
     b = torch.tensor(4.0, dtype=F64)
     assert gradcheck(lambda t: _pair_terms(b + t, b), (x,))
+
+
+def test_distance_slope_matches_mpmath_across_its_series_bound():
+    """``dD^2/dc = 2 asinh(s) / (s sqrt(1 + s^2))`` (``s^2 = c/2``, Eq. 5) from ``s^2`` and the attention's own
+    ``asinh(s)`` and ``sqrt(1 + s^2)`` (:func:`asinh_sqrt_half`) against mpmath on the same ``c``, from 0 (the limit
+    2) over the series' bound (``c`` = 1e-4, and its neighbours one ulp away) to ``1e30``: a few ulp in float64 and
+    float32, eager and compiled alike; continuous across the bound."""
+    cutoff = series_cutoff()
+    for dtype in (F64, torch.float32):
+        bound = torch.tensor(cutoff, dtype=dtype)
+        near = [torch.nextafter(bound, bound + step) for step in (-1.0, 1.0)]
+        c = torch.cat([torch.zeros(1, dtype=dtype), bound.view(1), *(t.view(1) for t in near)])
+        c = torch.cat([c, torch.logspace(-12, 30, 421, dtype=dtype), torch.linspace(0.5e-4, 2e-4, 101, dtype=dtype)])
+        asinh_s, root = asinh_sqrt_half(c)
+        with mpmath.workdps(40):
+            halves = [mpmath.sqrt(mpmath.mpf(float(x)) / 2) for x in c]
+            want = torch.tensor(
+                [float(2 * mpmath.asinh(s) / (s * mpmath.sqrt(1 + s * s))) if s else 2.0 for s in halves], dtype=F64
+            )
+        eager = distance_slope(0.5 * c, asinh_s, root)
+        compiled = torch.compile(distance_slope, dynamic=False, fullgraph=True)(0.5 * c, asinh_s, root)
+        for got in (eager, compiled):
+            err = ((got.double() - want).abs() / want).max()
+            assert err <= 6 * torch.finfo(dtype).eps, (dtype, float(err))
+        at, below, above = eager[1:4].double()  # the slope is about 2 there: a few ulp of it
+        assert (below - above).abs() <= 8 * torch.finfo(dtype).eps and (at - below).abs() <= 8 * torch.finfo(dtype).eps
 
 
 # --------------------------------------------------------------------------------------------
