@@ -331,9 +331,11 @@ def sum_dims(x: Tensor, keep: int = 0) -> Tensor:
     Inductor picks its float32 summation scheme by the size of each reduction and guards that choice (``size <=
     4096`` or not): over one dimension at a time, a kernel's guards bound the batch and the tokens separately, not
     their product, so a kernel compiled at one batch size serves the others."""
+    dtype = x.dtype
+    x = x.double() if dtype == torch.float32 else x
     while x.dim() > keep:
         x = x.sum(x.dim() - keep - 1)
-    return x
+    return x.to(dtype)
 
 
 def kernel_threads() -> int:

@@ -682,6 +682,24 @@ class BoostCoefficients(NamedTuple):
         return self.g.unsqueeze(-1) * g + self.u.unsqueeze(-1) * u + self.d.unsqueeze(-1) * d
 
 
+def boost_scalar_cotangents(
+    tok: BoostTokens, dots: BoostDots, g_dots: CotangentDots, gamma_over_sq: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``g_t = g_D . u`` and ``g_sigma = g_D . d + s h g_t = g_D . v_perp`` for ``g_D = gamma (g - (g . D) D / |D|^2)``
+    (:func:`boost_gradients`; ``gamma_over_sq = gamma / |D|^2``), free of cancellation.  ``g_D`` is orthogonal to
+    ``D = t u + sigma d``, so both are multiples of one sum of 2x2 determinants of the dot products:
+
+        W = t ((g . u)(u . d) - (g . d)|u|^2) + sigma ((g . u)|d|^2 - (g . d)(u . d)),
+        g_t = gamma sigma W / |D|^2,   g_sigma = -gamma tanh(a) W / |D|^2   (t - s h sigma = tanh a).
+
+    Summed as ``g_D . v_perp``, ``g_sigma`` is a difference of terms about ``sigma |v_perp| / tanh a`` times larger
+    than itself (``D ~ sigma v_perp`` once ``sigma = sinhc(omega) alpha b`` is large), whose rounding ``cosh(omega)``
+    then carries into the gradients of ``b`` and ``alpha``."""
+    t, sigma = tok.t, tok.sigma
+    w = t * (g_dots.u * dots.ud - g_dots.d * dots.uu) + sigma * (g_dots.u * dots.dd - g_dots.d * dots.ud)
+    return gamma_over_sq * sigma * w, -gamma_over_sq * tok.tanh_a * w
+
+
 class BoostGradients(NamedTuple):
     """The gradients of Eq. 12 with respect to ``a``, ``b`` (before the stochastic depth's scaling) and ``alpha``,
     and those of ``u`` and ``v`` as :class:`BoostCoefficients`."""
@@ -707,7 +725,8 @@ def boost_gradients(
     u dv`` with ``v = d + s u``):
 
         g_D = scale sign(a') (g - (g . D) D / |D|^2) / |D|,   D = t u + sigma d
-        g_t = g_D . u,  g_sigma = g_D . d + s h g_t,  g_h = s sigma g_t,  g_omega^2 = step sinhc'(omega^2) g_sigma
+        g_t = g_D . u,  g_sigma = g_D . d + s h g_t  (both by :func:`boost_scalar_cotangents`),  g_h = s sigma g_t
+        g_omega^2 = step sinhc'(omega^2) g_sigma,
         g_P = step^2 g_omega^2,  g_|d|^2 = g_P (1 + s u . d + h |u|^2) + g_h / 2,  g_(u.d) = 2 s h g_P,
         g_|u|^2 = h^2 g_P
         g_u = (t - s sigma) g_D - 2 s g_|d|^2 d + g_(u.d) (d - s u) + 2 g_|u|^2 u + g_cos v
@@ -718,8 +737,7 @@ def boost_gradients(
     gamma = scale * tok.flip * inv
     along = -gamma * (t * g_dots.u + sigma * g_dots.d) * inv.square()
     g_big_d = BoostCoefficients(gamma, along * t, along * sigma)
-    g_t = g_big_d.g * g_dots.u + g_big_d.u * dots.uu + g_big_d.d * dots.ud
-    g_sigma = g_big_d.g * g_dots.d + g_big_d.u * dots.ud + g_big_d.d * dots.dd + s * h * g_t
+    g_t, g_sigma = boost_scalar_cotangents(tok, dots, g_dots, gamma * inv.square())
     g_h = s * sigma * g_t
     # sinhc(omega) as a function of omega^2: d sinhc / d omega^2 = (cosh w - sinhc) / (2 w^2)
     small = tok.small

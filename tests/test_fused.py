@@ -723,6 +723,28 @@ def test_fused_boost_residual_matches_reference_and_gradcheck(arithmetic, case, 
     )
 
 
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0, 12.0])
+def test_boost_residual_gradients_in_float32_are_accurate_at_large_steps(rmax):
+    """Float32 gradients of the fused boost residual against float64, relative to each gradient's largest entry,
+    where ``sigma = sinhc(omega) alpha b`` is large (long radii, stochastic depth strength 2): ``dL/dsigma`` is the
+    component of the direction's cotangent along ``v_perp``, which ``D ~ sigma v_perp`` nearly annihilates, and
+    ``cosh(omega)`` carries it into the gradients of ``b`` and ``alpha``.  Formed as a difference of the
+    projection's terms it was rounding noise (relative 1e-5 to 8e-5 from r = 4 on); from one 2x2 determinant
+    (:func:`fused_layers.boost_scalar_cotangents`) it is accurate to the rounding of its inputs."""
+    x, f = (torch.cat([radii(2, 9, 1, rmax=rmax, seed=s), directions(2, 9, 16, seed=s)], -1) for s in (1, 2))
+    alpha, strength = torch.tensor(0.7, dtype=F64), torch.tensor([[0.0], [2.0]], dtype=F64)
+    weights = torch.linspace(-1.0, 1.0, x.numel(), dtype=F64).view_as(x)
+
+    def gradients(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        leaves = [t.to(dtype).requires_grad_(True) for t in (x, f, alpha)]
+        out = fused_boost_residual(*leaves, strength.to(dtype), 1.0)
+        return torch.autograd.grad((out * weights.to(dtype)).sum(), leaves)
+
+    for name, have, want in zip(("x", "f", "alpha"), gradients(torch.float32), gradients(F64)):
+        err = float((have.double() - want).abs().max() / want.abs().max())
+        assert err < 2e-6, (name, err)
+
+
 def test_boost_residual_saves_only_its_inputs_and_writes_per_token_combinations():
     """Saved: the two inputs and ``alpha`` (no token-wide tensor of its own).  The forward kernel function returns
     the output, then the per-token terms (:class:`fused_layers.BoostTokens`: ``sinhc(omega)`` of the perpendicular
