@@ -326,7 +326,9 @@ def _detach_if_tracked(t: Tensor) -> Tensor:
 
 
 def sum_dims(x: Tensor, keep: int = 0) -> Tensor:
-    """``x`` summed over all but its last ``keep`` dimensions, one dimension at a time (the batch's last).
+    """``x`` summed over all but its last ``keep`` dimensions, one dimension at a time (the batch's last), float32
+    accumulated in float64: a parameter's gradient sums many per-token terms, whose float32 rounding would follow
+    each kernel's summation order, which differs by vector width.
 
     Inductor picks its float32 summation scheme by the size of each reduction and guards that choice (``size <=
     4096`` or not): over one dimension at a time, a kernel's guards bound the batch and the tokens separately, not

@@ -238,8 +238,8 @@ def gyro_norm_forward(
     """The gyro layer norm of ``p (B, N, n+1)`` over its tokens and the intermediates of its backward.
 
     ``near_origin`` says which form of Eq. 20 the bias point takes (:func:`bias_near_origin`); ``None`` decides
-    here: eagerly from the bias, under ``torch.compile`` both forms, selected by ``torch.where`` (no data-dependent
-    branch in a traced graph)."""
+    here: eagerly on the CPU from the bias; under ``torch.compile`` and on a GPU both forms, selected by
+    ``torch.where`` (no data-dependent branch in a traced graph, no wait of the host for the device)."""
     sk = math.sqrt(k)
     u = p[..., 1:]
     a = p[..., 0] / sk
@@ -269,7 +269,7 @@ def gyro_norm_forward(
     big_x = bias / sk
     x_sq = big_x.square().sum()
     near = x_sq <= 1.0
-    if near_origin is None and torch.compiler.is_compiling():
+    if near_origin is None and (torch.compiler.is_compiling() or p.device.type != "cpu"):
         use_near = use_far = True
     else:
         use_near = bool(near) if near_origin is None else near_origin

@@ -178,15 +178,12 @@ def distance_slope(s_sq: Tensor, asinh_s: Tensor, root: Tensor) -> Tensor:
     """``d(D^2)/dc = 2 asinh(s) / (s sqrt(1 + s^2))`` with ``D = 2 asinh(s)``, ``s^2 = c/2`` (Eq. 5), from ``s^2``,
     ``asinh(s)`` and ``sqrt(1 + s^2)``.
 
-    Smooth down to ``c = 0`` (:func:`asinhc_series` below :data:`SERIES_CUTOFF` of ``c``; eager, the series is
-    evaluated only when some entry needs it).  ``sqrt(s^2)`` is the expression the ``asinh`` of Eq. 5 evaluates
-    (:func:`asinh_sqrt_half`, the attention's scaled distances), so a compiled kernel evaluates it once.  Used in
-    hand-derived backward passes (not differentiated).
+    Smooth down to ``c = 0`` (:func:`asinhc_series` below :data:`SERIES_CUTOFF` of ``c``, chosen per entry on the
+    device: no branch on the values, so no wait for them).  ``sqrt(s^2)`` is the expression the ``asinh`` of Eq. 5
+    evaluates (:func:`asinh_sqrt_half`, the attention's scaled distances), so a compiled kernel evaluates it once.
+    Used in hand-derived backward passes (not differentiated).
     """
-    slope = asinh_s / torch.sqrt(s_sq)
-    small = s_sq < 0.5 * series_cutoff()
-    if torch.compiler.is_compiling() or bool(small.any()):
-        slope = torch.where(small, asinhc_series(s_sq), slope)
+    slope = torch.where(s_sq < 0.5 * series_cutoff(), asinhc_series(s_sq), asinh_s / torch.sqrt(s_sq))
     return 2.0 * slope / root
 
 

@@ -175,6 +175,22 @@ def test_distance_slope_matches_mpmath_across_its_series_bound():
         assert (below - above).abs() <= 8 * torch.finfo(dtype).eps and (at - below).abs() <= 8 * torch.finfo(dtype).eps
 
 
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="fake CUDA tensors need a torch built with CUDA")
+def test_eager_forms_on_a_gpu_read_no_tensor_value():
+    """On a GPU, the gyro norm's forward (both forms of Eq. 20, selected on the device) and the distance slope (its
+    series chosen per entry) read no tensor value: each read would make the host wait for the device.  Fake CUDA
+    tensors have no values, so a read raises."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        p = torch.empty(2, 5, 7, device="cuda")
+        out, _, _ = gyro_norm_forward(p, torch.empty((), device="cuda"), torch.empty(6, device="cuda"), 1.3, 1e-6)
+        c = torch.empty(3, 4, device="cuda")
+        asinh_s, root = asinh_sqrt_half(c)
+        slope = distance_slope(0.5 * c, asinh_s, root)
+    assert out.shape == p.shape and slope.shape == c.shape
+
+
 # --------------------------------------------------------------------------------------------
 # attention core
 # --------------------------------------------------------------------------------------------
