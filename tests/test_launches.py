@@ -40,3 +40,11 @@ def test_the_benchmark_writes_per_layer_counts_from_two_depths_its_csv_and_plot(
     assert polar["per_layer"] > vit["per_layer"]  # the fused layers' eager form: many small operations
     assert polar["graph_breaks"] == 0  # the kernels off: one graph
     assert (tmp_path / "launches.png").stat().st_size > 0
+
+
+def test_the_compiled_step_is_counted_in_inductors_generated_code():
+    """``--compiled``: the model compiled in place, the kernel calls of its forward and backward graphs."""
+    step = launches.training_step("euclidean", "demo", 1, 2)
+    kernels = launches.compiled_kernels(step).operators
+    eager = launches.eager_counts(launches.training_step("euclidean", "demo", 1, 2)).operators
+    assert 0 < kernels < eager  # inductor fuses the elementwise work of the ViT's step
