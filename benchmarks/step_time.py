@@ -12,7 +12,9 @@ with the reference layers (``fused_ops=False``: geometry functions differentiate
 attention), with the fused layers (``fused_ops=True``, the default: ``FusedPolarOps``, with its
 compiled CPU kernels), fused without the compiled kernels (``polar-eager``), fused with the chunked
 attention core, and the default polar / ambient models under ``torch.compile(model)`` (``polar-compiled``,
-``ambient-compiled``: side by side with eager in one run; ``--compile`` compiles every model); with checkouts
+``ambient-compiled``, ``euclidean-compiled``: side by side with eager in one run; ``--compile`` compiles every
+model) or with each repeated block compiled in place as the training scripts' ``--compile`` does
+(``polar-regional``, ``euclidean-regional``); with checkouts
 of the public Lorentz ViTs, HyperCore's ``LViT`` and HexFormer at the same shape (``benchmarks/peers.py``).
 
 Each model runs in its own subprocess (peak memory: the peak growth of the resident set over the first training
@@ -67,6 +69,9 @@ MODELS = (
     "polar-chunked",
     "polar-compiled",
     "ambient-compiled",
+    "euclidean-compiled",
+    "polar-regional",
+    "euclidean-regional",
     "hypercore",
     "hexformer",
 )
@@ -80,6 +85,9 @@ LABELS = {
     "polar-chunked": "Polar-ViT, polar, fused + chunked attn",
     "polar-compiled": "Polar-ViT, polar, torch.compile(model)",
     "ambient-compiled": "Polar-ViT, ambient, torch.compile(model)",
+    "euclidean-compiled": "Euclidean ViT, torch.compile(model)",
+    "polar-regional": "Polar-ViT, polar, compiled blocks",
+    "euclidean-regional": "Euclidean ViT, compiled blocks",
     "hypercore": "HyperCore LViT (ambient Lorentz)",
     "hexformer": "HexFormer (Lorentz ViT)",
 }
@@ -161,7 +169,7 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     config = P.PolarViTConfig.from_preset(args.preset, num_labels=100)
     config.image_size = args.image_size or config.image_size  # the patch grid, so the tokens: long sequences
-    name = args.model.removesuffix("-compiled")
+    name = args.model.removesuffix("-compiled").removesuffix("-regional")
     if name == "euclidean":
         model = euclidean_vit(config)
     elif args.model in PEERS:
@@ -182,6 +190,10 @@ def worker(args: argparse.Namespace) -> None:
     pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)
     labels = torch.randint(0, 100, (args.batch,), device=device)
     step_fn = torch.compile(model) if args.compile or args.model.endswith("-compiled") else model
+    if args.model.endswith("-regional"):  # the training scripts' --compile: each repeated block compiled in place
+        from polar_vit_hf.training.compilation import compile_regions
+
+        compile_regions(model, log=lambda _: None)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)

@@ -42,11 +42,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .operators import fused_apply, registered_operators, stable_description
 from .runtime import runtime_options, set_runtime_options
 
 __all__ = [
     "DOUBLE_BACKWARD_MESSAGE",
-    "OPAQUE_REASON",
     "MATCHED_SIGNATURES",
     "bound",
     "call_signature",
@@ -69,7 +69,6 @@ __all__ = [
     "leading_columns",
     "LeadingColumnsFunction",
     "map_tensors",
-    "opaque_to_torch_compile",
     "rebuild_record",
     "record_layout",
     "record_leaves",
@@ -89,11 +88,6 @@ DOUBLE_BACKWARD_MESSAGE = (
     "double backward (create_graph=True, then a backward through the gradient) is not supported by the fused "
     "layers, whose backward passes are hand-derived; build the model with fused_ops=False (the reference layers, "
     "differentiated by autograd to any order)"
-)
-
-OPAQUE_REASON = (
-    "a fused layer runs its compiled CPU kernels outside torch.compile's graph; POLAR_VIT_CPU_KERNELS=0 traces it "
-    "(one graph, fullgraph=True)"
 )
 
 # (function, device type) -> its compiled kernel (or the function itself after a compiler failure)
@@ -170,34 +164,6 @@ def kernel_use(like: Tensor, elements: int | None = None) -> KernelUse | None:
     if device == "cuda" or (like.numel() if elements is None else elements) >= options.kernel_min_elements:
         return KernelUse.COMPILE
     return KernelUse.AT_HAND if options.kernels_at_hand else None
-
-
-def opaque_to_torch_compile(entry: Callable) -> Callable:
-    """Decorator for a fused layer's entry point (its first argument a tensor): inside ``torch.compile(model)``, a
-    call on float32 CPU tensors runs outside the compiled graph (a graph break, as ``torch.compiler.disable``),
-    eagerly and through the layer's compiled CPU kernels; the compiler compiles the matrix products and the code
-    between the layers.  Traced through, the hand-derived backward passes would make inductor compile the whole
-    model's elementwise work at once (minutes per layer on the CPU).
-
-    Traced as any code (one graph, ``fullgraph=True``) on GPUs, in float64, under ``torch.export`` and where the
-    compiled graph's options turn the kernels off (``POLAR_VIT_CPU_KERNELS=0``, :func:`runtime.runtime_options`)."""
-    opaque = torch.compiler.disable(entry, reason=OPAQUE_REASON)
-
-    def call(like: Tensor, *args: Any, **kwargs: Any) -> Any:
-        if (
-            torch.compiler.is_compiling()
-            and not torch.compiler.is_exporting()
-            and runtime_options().cpu_kernels
-            and like.device.type == "cpu"
-            and like.dtype == torch.float32
-        ):
-            return opaque(like, *args, **kwargs)
-        return entry(like, *args, **kwargs)
-
-    # a code object of its own per layer: the graph break makes dynamo compile ``call`` as a frame of its own, once
-    # per kind of call, and it counts those compiles (``recompile_limit``) per code object
-    call.__code__ = call.__code__.replace(co_name=entry.__name__, co_qualname=entry.__qualname__)
-    return functools.wraps(entry)(call)
 
 
 def inductor_options(**options: Any) -> Callable[[Callable], Callable]:
@@ -493,22 +459,6 @@ def call_signature(args: tuple) -> tuple | None:
     return signature
 
 
-def _describe(value: Any) -> str | None:
-    """A stable text naming ``value`` (a function with its closure, a constant, a tuple of these) across
-    processes, or ``None`` where there is none (then the kernel is not kept on disk)."""
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
-        return repr(value)
-    if isinstance(value, tuple):
-        parts = [_describe(item) for item in value]
-        return None if None in parts else "(" + ",".join(parts) + ")"  # type: ignore[arg-type]
-    if callable(value) and hasattr(value, "__qualname__") and hasattr(value, "__module__"):
-        cells = [_describe(cell.cell_contents) for cell in getattr(value, "__closure__", None) or ()]
-        if None in cells:
-            return None
-        return f"{value.__module__}.{value.__qualname__}[" + ",".join(cells) + "]"  # type: ignore[arg-type]
-    return None
-
-
 @functools.cache
 def _source_digest() -> str:
     """Digest of this package's source files: a kernel compiled from other code is never loaded."""
@@ -523,7 +473,7 @@ def _variants_folder(fn: Callable, threads: int, device: str = "cpu") -> Path | 
     (:func:`_device_tag`) from this source with its inductor options; ``None`` where the cache is off or ``fn``
     has no stable name."""
     root = kernel_cache_dir()
-    name = _describe(fn)
+    name = stable_description(fn)
     if root is None or name is None:
         return None
     where = threads if device == "cpu" else _device_tag(device)
@@ -558,7 +508,7 @@ def argument_kinds(args: tuple) -> str:
                 visit(item)
             parts.append(")")
         else:
-            parts.append(_describe(value) or type(value).__qualname__)
+            parts.append(stable_description(value) or type(value).__qualname__)
 
     visit(args)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
@@ -812,6 +762,7 @@ def recompute_vjp(fn: Callable, primals: tuple[Tensor, ...], cotangents: Any) ->
     return (detached if isinstance(outputs, tuple) else detached[0]), gradients
 
 
+@registered_operators()
 class LeadingColumnsFunction(torch.autograd.Function):
     """``fn(x[..., :width], *tensors, *constants)`` in place of the first ``width`` coordinates of ``x``, its other
     coordinates passed through, for a pure function that changes only a few leading coordinates (the ambient twin's
@@ -824,7 +775,7 @@ class LeadingColumnsFunction(torch.autograd.Function):
     def forward(  # noqa: D102
         ctx: Any, fn: Callable, fn_backward: Callable, constants: tuple, width: int, x: Tensor, *tensors: Tensor
     ) -> Tensor:
-        ctx.fn, ctx.fn_backward, ctx.constants, ctx.width, ctx.size = fn, fn_backward, constants, width, x.numel()
+        ctx.fn, ctx.fn_backward, ctx.constants, ctx.width = fn, fn_backward, constants, width
         lead = x[..., :width].contiguous()
         ctx.save_for_backward(lead, *tensors)
         return _leading_columns(x, _run_bound(fn, constants, (lead, *tensors), x.numel()), width)
@@ -833,7 +784,7 @@ class LeadingColumnsFunction(torch.autograd.Function):
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
         lead_grad = grad[..., : ctx.width].contiguous()
-        gradients = _run_bound(ctx.fn_backward, ctx.constants, (lead_grad, *ctx.saved_tensors), ctx.size)
+        gradients = _run_bound(ctx.fn_backward, ctx.constants, (lead_grad, *ctx.saved_tensors), grad.numel())
         return (None, None, None, None, _leading_columns(grad, gradients[0], ctx.width), *gradients[1:])
 
 
@@ -906,13 +857,5 @@ def leading_columns(
     fn: Callable, fn_backward: Callable, width: int, x: Tensor, *tensors: Tensor, constants: tuple = ()
 ) -> Tensor:
     """``x`` with its first ``width`` coordinates replaced by ``fn(x[..., :width], *tensors, *constants)``, its
-    backward ``fn_backward``, through :class:`LeadingColumnsFunction` (:func:`opaque_to_torch_compile`)."""
-    return _leading(x, fn, fn_backward, width, *tensors, constants=constants)
-
-
-@opaque_to_torch_compile
-def _leading(
-    x: Tensor, fn: Callable, fn_backward: Callable, width: int, *tensors: Tensor, constants: tuple = ()
-) -> Tensor:
-    """:func:`leading_columns` with its first tensor in front (what :func:`opaque_to_torch_compile` inspects)."""
-    return LeadingColumnsFunction.apply(fn, fn_backward, tuple(constants), width, x, *tensors)
+    backward ``fn_backward``, through :class:`LeadingColumnsFunction` (:func:`operators.fused_apply`)."""
+    return fused_apply(LeadingColumnsFunction, x, fn, fn_backward, tuple(constants), width, x, *tensors)

@@ -55,7 +55,6 @@ from .cpu_kernels import (
     first_order,
     inductor_options,
     leading_cat,
-    opaque_to_torch_compile,
     run_maybe_compiled,
     save_with_record,
     saved_with_record,
@@ -78,6 +77,7 @@ from .fused_layers import (
     radius_rule_gradients,
     token_outer_sum,
 )
+from .operators import fused_apply, registered_operators
 from .stable_math import inverse_or_zero, safe_normalize, sinh_cosh
 
 __all__ = [
@@ -223,6 +223,7 @@ def ambient_norm_backward(
     return g_p, g_log_gain.reshape(log_gain.shape), g_bias
 
 
+@registered_operators()
 class FusedAmbientGyroLayerNorm(torch.autograd.Function):
     """The ambient gyro layer norm (see the module docstring) as one function.  Saved: the input, the output,
     ``log_gain``, the bias point and :class:`AmbientNormSaved`."""
@@ -244,10 +245,9 @@ class FusedAmbientGyroLayerNorm(torch.autograd.Function):
         return g_p, g_log_gain, g_bias, None, None
 
 
-@opaque_to_torch_compile
 def fused_ambient_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
     """The ambient gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedAmbientGyroLayerNorm`."""
-    return FusedAmbientGyroLayerNorm.apply(p, log_gain, bias, float(k), float(eps))
+    return fused_apply(FusedAmbientGyroLayerNorm, p, p, log_gain, bias, float(k), float(eps))
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,6 +330,7 @@ def ambient_fc_backward(
     return g_h, torch.cat([g_x0.unsqueeze(-1), g_chi / x0.unsqueeze(-1)], -1), g_rule
 
 
+@registered_operators()
 class FusedAmbientFCOutput(torch.autograd.Function):
     """The output points of an ambient Polar-FC (:func:`ambient_fc_forward`) from its product ``h`` and input points
     ``p``, with a hand-derived backward (:func:`ambient_fc_backward`).  Saved: ``||h||`` and ``e^l`` per head, the
@@ -367,12 +368,11 @@ class FusedAmbientFCOutput(torch.autograd.Function):
         return g_h, g_p, *(g_rule if g_rule is not None else (None,) * 4), None, None
 
 
-@opaque_to_torch_compile
 def fused_ambient_fc_output(h: Tensor, p: Tensor, rule: AmbientRule | None, k: float, gelu: bool) -> Tensor:
     """The ambient Polar-FC's output points ``(..., H, d+1)`` from its product ``h (..., H, d)`` and input points
     ``p (..., n+1)``; see :class:`FusedAmbientFCOutput`."""
     parameters = rule if rule is not None else (None, None, None, None)
-    return FusedAmbientFCOutput.apply(h, p, *parameters, float(k), bool(gelu))
+    return fused_apply(FusedAmbientFCOutput, h, h, p, *parameters, float(k), bool(gelu))
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,12 +468,11 @@ def ambient_boost_residual_backward(
 AMBIENT_BOOST = BoostKernels(ambient_boost_residual_forward, ambient_boost_residual_backward)  # ambient points, k
 
 
-@opaque_to_torch_compile
 def fused_ambient_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, k: float) -> Tensor:
     """The boost residual (Eq. 12) of ambient points ``x, f (B, N, n+1)``; ``strength (B, 1)`` or ``None``: a
     :class:`fused_layers.FusedBoostResidual` with :func:`ambient_boost_residual_forward` and
     :func:`ambient_boost_residual_backward`."""
-    return FusedBoostResidual.apply(x, f, alpha, strength, float(k), AMBIENT_BOOST)
+    return fused_apply(FusedBoostResidual, x, x, f, alpha, strength, float(k), AMBIENT_BOOST)
 
 
 # --------------------------------------------------------------------------------------------

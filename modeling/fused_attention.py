@@ -29,8 +29,9 @@ from .ambient import (
     norm_floor,
     pairwise_minus_inner,
 )
-from .cpu_kernels import first_order, opaque_to_torch_compile, run_maybe_compiled
+from .cpu_kernels import first_order, run_maybe_compiled
 from .geometry import centroid_radius
+from .operators import fused_apply, registered_operators
 from .runtime import runtime_options
 from .stable_math import (
     distance_slope,
@@ -101,13 +102,14 @@ def pair_chords(u: Tensor, v_t: Tensor) -> Tensor:
     """``1/2 ||u_i - v_j||^2`` ``(G, N, M)`` for all pairs of ``u (G, N, d)`` and ``v``, given transposed as
     ``v_t (G, d, M)``: never ``1 - u.v`` in the input precision (App. D.1), never an ``N x M x d`` tensor.
 
-    Float64, and inside a compiled kernel: the exact coordinate differences, one square-add per coordinate (a
-    compiled kernel runs them as one loop over ``M``).  Float32 / half, eager: one float64 product of the
+    Float64, inside a compiled kernel and off the CPU: the exact coordinate differences, one square-add per
+    coordinate (a compiled kernel runs them as one loop over ``M``; on a GPU no value is read back to choose the
+    pairs).  Float32 / half, eager on the CPU: one float64 product of the
     :func:`chord_operands`, whose absolute error (``~d 2^-53``) is below ``2e-9`` of every chord
     ``>= CHORD_PRODUCT_ABOVE``, so the rounded result is the float32 value of the exact chord; the few pairs
     below that (nearly equal directions) are recomputed from their coordinate differences.
     """
-    if u.dtype == torch.float64 or torch.compiler.is_compiling():
+    if u.dtype == torch.float64 or torch.compiler.is_compiling() or u.device.type != "cpu":
         out = (u[..., 0].unsqueeze(-1) - v_t[..., 0, :].unsqueeze(-2)).square()
         for coord in range(1, u.shape[-1]):
             diff = u[..., coord].unsqueeze(-1) - v_t[..., coord, :].unsqueeze(-2)
@@ -452,11 +454,14 @@ def _blocks(queries: Tensor, keys: Tensor) -> tuple[int, list[Block]]:
     call (what decides its compiled kernels, :func:`cpu_kernels.kernel_use`) and the blocks (:class:`Block`) whose
     ``(G, n, M)`` temporaries stay cache-sized (:func:`group_elements`): groups of whole samples where one sample
     fits, else groups of one sample's heads, else one slice's query rows in blocks of near-equal size, so that
-    memory stays bounded at any sequence length."""
+    memory stays bounded at any sequence length.  Traced (``torch.compile``, or a fused layer's operator computing
+    its output shapes) one block of every slice: the compiler fuses the temporaries."""
     batch, heads, n_q = queries.shape[:3]
     per_head = n_q * keys.shape[2]
     budget = group_elements(per_head)
     pairs = batch * heads * per_head
+    if torch.compiler.is_compiling():  # traced: one block (no Python loop over the sizes, which may be symbolic)
+        return pairs, [Block(slice(None))]
     if heads * per_head <= budget:
         size = budget // max(1, heads * per_head)
         return pairs, [Block(slice(start, min(start + size, batch))) for start in range(0, batch, size)]
@@ -612,6 +617,7 @@ def _core_gradients(
         yield block, grads[:-PAIR_TERMS]
 
 
+@registered_operators(outputs=2)
 class FusedPolarAttention(torch.autograd.Function):
     r"""Polar attention: scores, softmax and centroid in one function, block by block (:class:`Block`).
 
@@ -666,13 +672,12 @@ class FusedPolarAttention(torch.autograd.Function):
         return (*grads, _write_gradients(grads, 2, gradients), None)
 
 
-@opaque_to_torch_compile
 def fused_polar_attention(
     rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor, k: float = 1.0
 ) -> tuple[Tensor, Tensor]:
     """Polar attention (Eq. 9) in one fused function (:class:`FusedPolarAttention`); ``scale`` is an ``(H,)``
     tensor."""
-    return FusedPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k))
+    return fused_apply(FusedPolarAttention, rq, rq, uq, rk, uk, rv, uv, scale, float(k))
 
 
 def head_major(qk: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -703,6 +708,7 @@ def _token_major_gradients(
     return g_qk, g_v, _write_gradients(targets, 2 if packed else 1, gradients)
 
 
+@registered_operators()
 class FusedPolarAttentionHeads(torch.autograd.Function):
     """:class:`FusedPolarAttention` on the heads as a layer holds them, token-major and packed: queries and keys side
     by side ``qk (B, N, 2H, d+1)`` (one projection's output, or the position encoding's), values ``v (B, N, H, d+1)``
@@ -732,11 +738,10 @@ class FusedPolarAttentionHeads(torch.autograd.Function):
         return *_token_major_gradients(qk, v, gradients, packed=True), None
 
 
-@opaque_to_torch_compile
 def fused_polar_attention_heads(qk: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
     """Polar attention (Eq. 9) of token-major heads ``qk (B, N, 2H, d+1)`` (queries, then keys) and ``v (B, N, H,
     d+1)`` -> ``(B, N, H, d+1)`` (:class:`FusedPolarAttentionHeads`); ``scale`` is an ``(H,)`` tensor."""
-    return FusedPolarAttentionHeads.apply(qk, v, scale, float(k))
+    return fused_apply(FusedPolarAttentionHeads, qk, qk, v, scale, float(k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -846,6 +851,7 @@ def _ambient_core_gradients(
         yield block, grads
 
 
+@registered_operators()
 class FusedAmbientAttention(torch.autograd.Function):
     r"""Ambient attention (Eq. 9 with the distance of Eq. 1 and the centroid of Eq. 4): the ambient twin's scores,
     softmax and centroid in one function.
@@ -877,13 +883,13 @@ class FusedAmbientAttention(torch.autograd.Function):
         return *grads, g_scale, None
 
 
-@opaque_to_torch_compile
 def fused_ambient_attention(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
     """Ambient attention (Eq. 9 in ambient coordinates) of ``(B, H, N, d+1)`` points in one fused function
     (:class:`FusedAmbientAttention`); ``scale`` is an ``(H,)`` tensor."""
-    return FusedAmbientAttention.apply(q, keys, v, scale, float(k))
+    return fused_apply(FusedAmbientAttention, q, q, keys, v, scale, float(k))
 
 
+@registered_operators()
 class FusedAmbientAttentionHeads(torch.autograd.Function):
     """:class:`FusedAmbientAttention` on the heads as a layer holds them (as :class:`FusedPolarAttentionHeads`):
     ``qk (B, N, 2H, d+1)``, ``v (B, N, H, d+1)`` -> heads ``(B, N, H, d+1)``, the output and the gradients of ``qk``
@@ -906,9 +912,8 @@ class FusedAmbientAttentionHeads(torch.autograd.Function):
         return *_token_major_gradients(qk, v, gradients, packed=False), None
 
 
-@opaque_to_torch_compile
 def fused_ambient_attention_heads(qk: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
     """Ambient attention (Eq. 9 in ambient coordinates) of token-major heads ``qk (B, N, 2H, d+1)`` (queries, then
     keys) and ``v (B, N, H, d+1)`` -> ``(B, N, H, d+1)`` (:class:`FusedAmbientAttentionHeads`); ``scale`` is an
     ``(H,)`` tensor."""
-    return FusedAmbientAttentionHeads.apply(qk, v, scale, float(k))
+    return fused_apply(FusedAmbientAttentionHeads, qk, qk, v, scale, float(k))

@@ -21,8 +21,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .cpu_kernels import first_order, opaque_to_torch_compile, recompute_vjp, run_maybe_compiled, sum_dims
+from .cpu_kernels import first_order, recompute_vjp, run_maybe_compiled, sum_dims
 from .geometry import direct_concat
+from .operators import fused_apply, registered_operators
 from .stable_math import (
     asinh_exp,
     asinh_nonneg,
@@ -234,8 +235,8 @@ def gemm_width_product(x: Tensor, weight: Tensor, dtype: torch.dtype | None) -> 
 
 
 def is_gelu(activation: Callable | None) -> bool:
-    """transformers' exact ``GELUActivation`` (its backward is ``aten.gelu_backward``)."""
-    return getattr(activation, "act", None) is torch.nn.functional.gelu
+    """The exact GELU, or transformers' ``GELUActivation`` of it (its backward is ``aten.gelu_backward``)."""
+    return getattr(activation, "act", activation) is torch.nn.functional.gelu
 
 
 def polar_fc_epilogue(
@@ -288,8 +289,9 @@ def radius_offset(a: Tensor, klein_term: Tensor, radius_weight: Tensor, radius_b
     return klein_term + radius_weight * a.unsqueeze(-1) + radius_bias
 
 
+@registered_operators()
 class FusedPolarFC(torch.autograd.Function):
-    r"""``H`` Polar-FCs (Eq. 8) on tokens ``p = [r, u]`` ``(T, n+1)`` -> ``[r', u']`` ``(T, H, d+1)``.
+    r"""``H`` Polar-FCs (Eq. 8) on tokens ``p = [r, u]`` ``(..., n+1)`` -> ``[r', u']`` ``(..., H, d+1)``.
 
     ``h = phi(W x / sqrt(k))``, ``u' = h / ||h||``, ``l = beta ln||h|| + lambda a + varphi . (tanh(a) u) + varphi_0``,
     ``r' = sqrt(k) arsinh(e^l)``; without the radius rule (``beta`` is ``None``) ``l = ln ||h||``.  Saved: the input,
@@ -319,8 +321,9 @@ class FusedPolarFC(torch.autograd.Function):
         heads: int,
         activation: Callable | None,
         matmul_dtype: torch.dtype | None,
-        leading: tuple[int, ...],
     ) -> Tensor:
+        tokens = p
+        p = p.reshape(-1, p.shape[-1])
         x, a, _, _ = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
         padded = _padded_weight(weight)  # kept for backward: one padding per step
         pre = policy_matmul(x, padded.t(), matmul_dtype).view(p.shape[0], heads, -1)  # (T, H, d)
@@ -339,16 +342,19 @@ class FusedPolarFC(torch.autograd.Function):
             out, norm = run_maybe_compiled(polar_fc_epilogue, pre, pre, offset, norm_power, sqrt_k, gelu)
         else:  # any other activation: applied eagerly, the epilogue without one
             out, norm = polar_fc_epilogue(activation(pre), offset, norm_power, sqrt_k, False)
+        out = out.view(*tokens.shape[:-1], heads, -1)
         ctx.save_for_backward(
-            p, padded, norm_power, radius_weight, klein_weight, out, norm, pre if activation is not None else None
+            tokens, padded, norm_power, radius_weight, klein_weight, out, norm, pre if activation is not None else None
         )
-        ctx.sqrt_k, ctx.activation, ctx.matmul_dtype, ctx.leading = sqrt_k, activation, matmul_dtype, leading
+        ctx.sqrt_k, ctx.activation, ctx.matmul_dtype = sqrt_k, activation, matmul_dtype
         return out
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad_out: Tensor) -> tuple:  # noqa: D102
-        p, padded, norm_power, radius_weight, klein_weight, out, norm, pre = ctx.saved_tensors
+        tokens, padded, norm_power, radius_weight, klein_weight, out, norm, pre = ctx.saved_tensors
+        p, leading = tokens.reshape(-1, tokens.shape[-1]), tuple(tokens.shape[:-1]) or (1,)
+        out, grad_out = out.reshape(p.shape[0], *out.shape[-2:]), grad_out.reshape(p.shape[0], *out.shape[-2:])
         matmul_dtype = ctx.matmul_dtype
         sqrt_k = ctx.sqrt_k
         x, _, sinh_a, cosh_a = _unit_coords(p[:, 0], p[:, 1:], sqrt_k)
@@ -364,14 +370,13 @@ class FusedPolarFC(torch.autograd.Function):
         g_pre = g_pre.flatten(1)  # (T, H d)
         g_weight = policy_matmul(g_pre.t(), x, matmul_dtype)[:, : p.shape[1]].to(padded.dtype)
         g_x = policy_matmul(g_pre, padded, matmul_dtype)  # (T, gemm_width(n+1))
-        tokens = [t.unflatten(0, ctx.leading) for t in (p, g_x, sinh_a, cosh_a, g_l, norm)]  # (batch, tokens, ...)
+        per_token = [t.unflatten(0, leading) for t in (p, g_x, sinh_a, cosh_a, g_l, norm)]  # (batch, tokens, ...)
         g_p, grads_rule = run_maybe_compiled(
-            _polar_fc_input_gradients, p, *tokens, klein_weight, radius_weight, sqrt_k
+            _polar_fc_input_gradients, p, *per_token, klein_weight, radius_weight, sqrt_k
         )
-        return (g_p.flatten(0, -2), g_weight, *(grads_rule or (None, None, None, None)), None, None, None, None, None)
+        return (g_p.view_as(tokens), g_weight, *(grads_rule or (None, None, None, None)), None, None, None, None)
 
 
-@opaque_to_torch_compile
 def fused_polar_fc(
     p: Tensor,
     weight: Tensor,
@@ -385,17 +390,8 @@ def fused_polar_fc(
     varphi_0)`` of shapes ``(H,), (H,), (H, n), (H,)`` or ``None`` (Lorentz FC); the products ``W x`` in
     ``matmul_dtype`` (the precision policy) or in ``p``'s precision."""
     parameters: tuple[Tensor | None, ...] = rule if rule is not None else (None, None, None, None)
-    out = FusedPolarFC.apply(
-        p.reshape(-1, p.shape[-1]),
-        weight,
-        *parameters,
-        float(sqrt_k),
-        int(heads),
-        activation,
-        matmul_dtype,
-        tuple(p.shape[:-1]) or (1,),
-    )
-    return out.view(*p.shape[:-1], heads, -1)
+    activation = torch.nn.functional.gelu if is_gelu(activation) else activation  # a function, not a module
+    return fused_apply(FusedPolarFC, p, p, weight, *parameters, float(sqrt_k), int(heads), activation, matmul_dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -513,6 +509,7 @@ def _reserved_axes_assemble(radius: Tensor, u4: Tensor, rest: Tensor, scale: Ten
     return out
 
 
+@registered_operators()
 class FusedReservedAxesEncoding(torch.autograd.Function):
     r"""The 2-D relative position encoding of every head (``horoshift`` Eq. 10 / ``boost`` / ``rotation``) as one
     function.
@@ -558,10 +555,9 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
         return g_p, g_t_rows, g_t_cols, None, None
 
 
-@opaque_to_torch_compile
 def fused_reserved_axes_encoding(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float) -> Tensor:
     """Relative position encoding of ``p (B, N, H, d+1)`` with per-token, per-head moves ``t (N, H)``."""
-    return FusedReservedAxesEncoding.apply(p, t_rows, t_cols, kind, float(sqrt_k))
+    return fused_apply(FusedReservedAxesEncoding, p, p, t_rows, t_cols, kind, float(sqrt_k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -812,6 +808,7 @@ class BoostKernels(NamedTuple):
     backward: Callable
 
 
+@registered_operators()
 class FusedBoostResidual(torch.autograd.Function):
     r"""The boost residual of Eq. 12 (:func:`boost_residual_step`) as one function, for either arithmetic's points
     (:class:`BoostKernels`).  Saved: the two inputs, ``alpha`` and the stochastic-depth strength; backward
@@ -844,11 +841,10 @@ class FusedBoostResidual(torch.autograd.Function):
 POLAR_BOOST = BoostKernels(_boost_residual_forward, _boost_residual_gradients)  # packed polar points, sqrt(k)
 
 
-@opaque_to_torch_compile
 def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
     """Boost residual (Eq. 12) of ``x, f (B, N, n+1)`` (:class:`FusedBoostResidual`); ``strength (B, 1)`` or
     ``None``."""
-    return FusedBoostResidual.apply(x, f, alpha, strength, float(sqrt_k), POLAR_BOOST)
+    return fused_apply(FusedBoostResidual, x, x, f, alpha, strength, float(sqrt_k), POLAR_BOOST)
 
 
 # --------------------------------------------------------------------------------------------
@@ -893,6 +889,7 @@ def _direct_concat_gradients(grad: Tensor, p: Tensor, sqrt_k: float) -> Tensor:
     return torch.cat([g_r.unsqueeze(-1), g_u], dim=-1)
 
 
+@registered_operators()
 class FusedDirectConcat(torch.autograd.Function):
     r"""The heads' Lorentz direct concatenation (Sec. 4.2, :func:`packed_direct_concat`) with the hand-derived
     backward of :func:`_direct_concat_gradients`.  Saved: the input; the backward recomputes the per-head ``sinh`` /
@@ -911,8 +908,7 @@ class FusedDirectConcat(torch.autograd.Function):
         return run_maybe_compiled(_direct_concat_gradients, p, grad.contiguous(), p, ctx.sqrt_k), None
 
 
-@opaque_to_torch_compile
 def fused_direct_concat(p: Tensor, k: float) -> Tensor:
     """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)`` of packed points
     (:class:`FusedDirectConcat`)."""
-    return FusedDirectConcat.apply(p, float(k))
+    return fused_apply(FusedDirectConcat, p, p, float(k))

@@ -397,6 +397,7 @@ class PolarViTPreTrainedModel(PreTrainedModel):
     input_modalities = ("image",)  # type: ignore[assignment]  # as transformers' ViT
     supports_gradient_checkpointing = True
     _no_split_modules = ["PolarViTEmbeddings", "PolarViTLayer"]
+    kernels_for_inference = False  # set by compile_cpu_kernels(): gradient-free passes run the kernels at any size
 
     def _init_weights(self, module: nn.Module) -> None:
         """Every Polar-ViT module sets its own initial values (``init_parameters``, Appendix D.2); plain
@@ -427,14 +428,17 @@ class PolarViTPreTrainedModel(PreTrainedModel):
         """Names of the parameters that are points of the manifold (stored as space coordinates)."""
         return [name for name, role in parameter_roles(self).items() if role == MANIFOLD]
 
-    def compile_cpu_kernels(self, batch_sizes: tuple[int, ...] = (1,), inference_mode: bool = False) -> int:
+    def compile_cpu_kernels(self, batch_sizes: tuple[int, ...] = (1, 2), inference_mode: bool = False) -> int:
         """Compile (or load) the compiled CPU kernels of gradient-free passes at ``batch_sizes`` (``no_grad``, as
-        pipelines and ``Trainer.evaluate`` run; also ``inference_mode`` when asked); returns the variants compiled.
+        pipelines and ``Trainer.evaluate`` run; also ``inference_mode`` when asked) and run this model's
+        gradient-free passes through them from now on; returns the variants compiled.
 
-        Below ``kernel_min_elements`` (a single image) a pass runs eagerly unless a variant is at hand
-        (``runtime.RuntimeOptions.kernels_at_hand``): this compiles them, once per machine, torch, source and
-        thread count (the process's: about half a minute for tiny-cifar on 2 cores); every later process loads
-        them.  A no-op off float32 CPU models or with the kernels off."""
+        Below ``kernel_min_elements`` (a single image) a pass runs eagerly, whatever the kernel cache holds, so
+        that an input's output never depends on the cache's state.  After this call this model's gradient-free
+        passes run the variants at hand at every size (``runtime.RuntimeOptions.kernels_at_hand``): those of a
+        single image and of batches (sizes 1 and 2 and up compile variants of their own), compiled once per
+        machine, torch, source and thread count (the process's: about half a minute for tiny-cifar on 2 cores) and
+        loaded by every later process's call.  A no-op off float32 CPU models or with the kernels off."""
         from .cpu_kernels import compiled_variants
 
         if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
@@ -444,6 +448,9 @@ class PolarViTPreTrainedModel(PreTrainedModel):
         sample = (config.num_vertices,) if config.is_spherical else (config.image_size, config.image_size)
         generator = torch.Generator().manual_seed(0)
         before, training = compiled_variants(), self.training
+        for module in self.modules():
+            if isinstance(module, PolarViTPreTrainedModel):
+                module.kernels_for_inference = True
         self.eval()
         try:
             with use_runtime_options(kernel_min_elements=0):
@@ -525,8 +532,9 @@ class PolarViTModel(PolarViTPreTrainedModel):
         # off inside; inputs were checked once above, the geometry functions run without their per-call checks
         compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         unautocast = torch.autocast(device_type=pixel_values.device.type, enabled=False)
-        # a gradient-free pass (evaluation, pipelines) runs the compiled kernels at hand below kernel_min_elements
-        at_hand = runtime_options().kernels_at_hand or not torch.is_grad_enabled()
+        # after compile_cpu_kernels(), a gradient-free pass (evaluation, pipelines) runs the compiled kernels at every
+        # size; otherwise what runs never depends on what the kernel cache holds
+        at_hand = runtime_options().kernels_at_hand or (self.kernels_for_inference and not torch.is_grad_enabled())
         with unautocast, use_runtime_options(input_checks=False, kernels_at_hand=at_hand):
             hidden, positions, num_prefix = self.embeddings(
                 pixel_values.to(compute_dtype), ops, bool(interpolate_pos_encoding)
@@ -536,16 +544,14 @@ class PolarViTModel(PolarViTPreTrainedModel):
             )
             hidden = self.norm(hidden, ops)
             pooled = self.pooler(hidden, ops)
-        polar_view = PolarOps.make(*ops.polar(hidden))
-        pooled_polar = PolarOps.make(*ops.polar(pooled))
-        output = PolarViTModelOutput(
-            last_hidden_state=ops.to_ambient(hidden),
-            pooler_output=ops.to_ambient(pooled),
-            hidden_states=all_hidden,
-            attentions=all_attentions,
-            last_hidden_polar=polar_view,
-            pooler_polar=pooled_polar,
-        )
+            output = PolarViTModelOutput(
+                last_hidden_state=ops.to_ambient(hidden),
+                pooler_output=ops.to_ambient(pooled),
+                hidden_states=all_hidden,
+                attentions=all_attentions,
+                last_hidden_polar=PolarOps.make(*ops.polar(hidden)),
+                pooler_polar=PolarOps.make(*ops.polar(pooled)),
+            )
         return output if return_dict else output.to_tuple()
 
 

@@ -113,7 +113,10 @@ PATCH_RADIUS_LIMIT = 32.0
 
 
 def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> None:
-    """Validate the model input once, at the edge: layout, channels, finiteness and the pixel scale (patch RMS)."""
+    """Validate the model input once, at the edge: layout, channels, finiteness and the pixel scale (patch RMS).
+
+    The values are checked by one read of the largest patch RMS (NaN or infinite where a value is) on the CPU,
+    and by a device-side assertion on a GPU and inside ``torch.compile``: the host never waits for the device."""
     if pixel_values is None:
         raise ValueError("You have to specify pixel_values")
     spherical_input = config.is_spherical
@@ -140,10 +143,8 @@ def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> N
         height, width = pixel_values.shape[-2:]
         if height % config.patch_size or width % config.patch_size:
             raise ValueError(f"image size {height}x{width} is not a multiple of patch_size={config.patch_size}")
-    if torch.compiler.is_compiling() or transforms_active():  # value scans are data-dependent: vmap refuses them
+    if transforms_active():  # value checks are data-dependent control flow: vmap refuses them
         return
-    if not torch.isfinite(pixel_values).all():
-        raise ValueError("pixel_values contains NaN or Inf values")
     # the radius of a patch token is the RMS of its values (PolarViTEmbeddings): keep it where float32 holds
     power = pixel_values.detach().float().square().mean(1)
     if spherical_input:
@@ -153,12 +154,23 @@ def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> N
     else:
         patch_rms = F.avg_pool2d(power.unsqueeze(1), config.patch_size).sqrt()
         patch = f"{config.patch_size}x{config.patch_size} patch"
-    largest = float(patch_rms.max())
-    if largest > PATCH_RADIUS_LIMIT:
-        processor = "PolarViTSphericalImageProcessor" if spherical_input else "PolarViTImageProcessor"
+    processor = "PolarViTSphericalImageProcessor" if spherical_input else "PolarViTImageProcessor"
+    advice = (
+        f"(Polar-ViT supports patch radii up to {PATCH_RADIUS_LIMIT:g}; float32 overflows near 88). Rescale and "
+        f"normalise the images first, e.g. with {processor} (do_rescale=True, do_normalize=True), so pixel values "
+        "are of order 1"
+    )
+    largest = patch_rms.amax()  # NaN where a value is NaN, inf where one is infinite
+    if pixel_values.device.type != "cpu" or torch.compiler.is_compiling():
+        # a device-side assertion: the host never waits for the device's answer (no sync, CUDA graphs capture it)
+        message = f"pixel_values contain NaN or Inf values, or a {patch} RMS above {PATCH_RADIUS_LIMIT:g} "
+        torch._assert_async(largest <= PATCH_RADIUS_LIMIT, message + advice)
+        return
+    value = float(largest)  # on the CPU: one read of host memory
+    if not math.isfinite(value):
+        raise ValueError("pixel_values contains NaN or Inf values")
+    if value > PATCH_RADIUS_LIMIT:
         raise ValueError(
-            f"pixel_values look unnormalised: a {patch} has RMS {largest:.1f}, and that RMS is the radius of its "
-            f"token on the hyperboloid (Polar-ViT supports patch radii up to {PATCH_RADIUS_LIMIT:g}; float32 "
-            f"overflows near 88). Rescale and normalise the images first, e.g. with {processor} "
-            f"(do_rescale=True, do_normalize=True), so pixel values are of order 1"
+            f"pixel_values look unnormalised: a {patch} has RMS {value:.1f}, and that RMS is the radius of its "
+            f"token on the hyperboloid {advice}"
         )

@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from transformers.activations import GELUActivation
 
 import polar_vit_hf as P
+from polar_vit_hf.benchmarks.launches import OperatorCounter
 from polar_vit_hf.modeling import (
     cpu_kernels,
     fused_attention as FA,
@@ -485,12 +486,23 @@ def test_a_models_kernels_compile_once_then_load_in_new_processes_and_match_eage
     model(pixel_values=pixels, labels=labels).loss.backward()
     model.zero_grad(set_to_none=True)
     assert cpu_kernels.compiled_variants() == trained or arithmetic == "ambient"
+    with OperatorCounter() as counter:  # a training step reads values of host memory only: the input check's and
+        model(pixel_values=pixels, labels=labels).loss.backward()  # each polar gyro norm's bias form
+    assert counter.syncs == 1 + (2 * config.num_hidden_layers + 1 if arithmetic == "polar" else 0)
+    model.zero_grad(set_to_none=True)
     trained = cpu_kernels.compiled_variants()
-    # torch.compile(model) runs the fused layers outside its graph, through these very kernels: it compiles none
-    # (the compiled graph's options with the kernels on, as outside this suite)
+    # torch.compile(model) calls the fused layers as its graph's operators, which run these kernels (the compiled
+    # graph's options with the kernels on, as outside this suite): a few variants more, once per machine - the polar
+    # gyro norms' with both bias forms (a traced graph reads no bias) and a layout the compiled graph hands them
     traced_kernels(True)
-    loss_c = torch.compile(model, backend="aot_eager")(pixel_values=pixels[:2], labels=labels[:2]).loss
+    compiled_model = torch.compile(model, backend="aot_eager")
+    loss_c = compiled_model(pixel_values=pixels[:2], labels=labels[:2]).loss
     loss_c.backward()
+    for_the_graph = cpu_kernels.compiled_variants() - trained
+    assert for_the_graph <= (3 if arithmetic == "polar" else 0)
+    trained = cpu_kernels.compiled_variants()
+    model.zero_grad(set_to_none=True)
+    compiled_model(pixel_values=pixels[:2], labels=labels[:2]).loss.backward()
     torch._dynamo.reset()
     assert cpu_kernels.compiled_variants() == trained
     assert torch.allclose(loss_c.detach(), loss_k, rtol=1e-6)
@@ -508,11 +520,11 @@ def test_a_models_kernels_compile_once_then_load_in_new_processes_and_match_eage
         eager_logits = model(pixel_values=pixels).logits
     assert torch.allclose(logits, eager_logits, rtol=1e-5, atol=1e-6)
     assert torch.allclose(inference_logits, eager_logits, rtol=1e-5, atol=1e-6)
-    # the corrupt file is gone; what this process compiled is saved (the polar model compiles only that variant;
-    # the ambient twin also its variants of batch x tokens sums)
+    # the corrupt file is gone; what this process compiled is saved (the polar model compiles only that variant and
+    # those for the compiled graph; the ambient twin also its variants of batch x tokens sums)
     recompiled = set(tmp_path.rglob("*.bin")) - set(saved)
     assert not saved[0].exists() and cpu_kernels.compiled_variants() == len(recompiled) >= 1
-    assert cpu_kernels.compiled_variants() == 1 or arithmetic == "ambient"
+    assert cpu_kernels.compiled_variants() == 1 + for_the_graph or arithmetic == "ambient"
     cpu_kernels.clear_compiled()
     cpu_kernels.set_cpu_kernels(True)
     model.double()(pixel_values=pixels[:2].double(), labels=labels[:2]).loss.backward()
@@ -683,22 +695,32 @@ def test_a_small_gradient_free_call_runs_a_variant_at_hand_and_never_compiles(tm
     cpu_kernels.clear_compiled()
 
 
-def test_the_model_runs_the_kernels_at_hand_in_gradient_free_passes_only():
+def test_the_model_runs_the_kernels_at_hand_in_gradient_free_passes_after_compile_cpu_kernels_only():
     """The model's forward turns ``kernels_at_hand`` on under ``no_grad`` and ``inference_mode`` (evaluation,
-    pipelines), not where it records gradients (training), unless the caller turned it on."""
+    pipelines) once ``compile_cpu_kernels()`` was called on it, never where it records gradients (training), and
+    otherwise only where the caller turned it on: what a pass runs never depends on what the kernel cache holds."""
     config = P.PolarViTConfig.from_preset("tiny-cifar", num_labels=10, num_hidden_layers=1)
     model = P.PolarViTForImageClassification(config).eval()
     seen = []
     model.polar_vit.norm.register_forward_hook(lambda *_: seen.append(runtime_options().kernels_at_hand))
     pixels = torch.randn(1, 3, 32, 32)
-    with torch.no_grad():
+
+    def passes() -> None:
+        with torch.no_grad():
+            model(pixel_values=pixels)
+        with torch.inference_mode():
+            model(pixel_values=pixels)
         model(pixel_values=pixels)
-    with torch.inference_mode():
-        model(pixel_values=pixels)
-    model(pixel_values=pixels)
+
+    passes()
     with use_runtime_options(kernels_at_hand=True):
         model(pixel_values=pixels)
-    assert seen == [True, True, False, True] and not runtime_options().kernels_at_hand
+    assert seen == [False, False, False, True]
+    seen.clear()
+    model.compile_cpu_kernels()  # (the kernels are off in this test: nothing compiles)
+    seen.clear()
+    passes()
+    assert seen == [True, True, False] and not runtime_options().kernels_at_hand
     for bad in ((), (0,), (1, -2), (1.5,)):
         with pytest.raises(ValueError, match="batch_sizes must be positive integers"):
             model.compile_cpu_kernels(bad)
@@ -920,8 +942,9 @@ def test_inductor_options_reach_the_compile_and_the_cache_key(kernels_on, monkey
 
 @pytest.mark.parametrize("bias_scale", [0.1, 3.0])
 def test_gyro_layer_norm_kernel_computes_only_the_bias_form_in_use(bias_scale):
-    """A kernel told which form of Eq. 20 the bias point takes traces that form alone; without it (a traced
-    ``torch.compile(model)``, a GPU), both, selected per value; either way the output is the eager one."""
+    """A kernel told which form of Eq. 20 the bias point takes (on the CPU, read from host memory) traces that form
+    alone; without it (a traced ``torch.compile(model)``, a GPU), both, selected per value, and nothing reads the
+    bias; either way the output is the eager one."""
     p = points(2, 5, 12, 4.0, 8).float()
     log_gain = torch.tensor(0.3)
     bias = torch.linspace(-1.0, 1.0, 12) * bias_scale / 12**0.5
@@ -935,7 +958,9 @@ def test_gyro_layer_norm_kernel_computes_only_the_bias_form_in_use(bias_scale):
         out, scalars, _ = FG.gyro_norm_forward(p, log_gain, bias, 0.9, 1e-5, near_origin)
         return out, scalars.near_bias, scalars.far_bias
 
-    eager = forms(None)[0]
+    with OperatorCounter() as counter:  # not told: both forms, and no read of the bias
+        eager = forms(None)[0]
+    assert counter.syncs == 0
     for near_origin, expect_near, expect_far in ((near, near, not near), (None, True, True)):
         torch._dynamo.reset()
         out, near_bias, far_bias = torch.compile(forms, fullgraph=True, dynamic=True)(near_origin)

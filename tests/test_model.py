@@ -13,9 +13,9 @@ from torch._dynamo.utils import counters
 
 import polar_vit_hf as P
 from polar_vit_hf.geometry import input_checks
-from polar_vit_hf.modeling.cpu_kernels import OPAQUE_REASON
 from polar_vit_hf.modeling.manifold_ops import PolarOps
 from polar_vit_hf.modeling.modeling_polar_vit import PolarFC
+from polar_vit_hf.modeling.operators import operator_namespace
 
 F64 = torch.float64
 
@@ -245,25 +245,84 @@ def test_bad_inputs_raise_clear_errors():
         model(None)
 
 
+def graph_breaks(model, *args, **kwargs) -> int:
+    """``torch._dynamo.explain``'s graph breaks of ``model(*args, **kwargs)`` (tracing only)."""
+    torch._dynamo.reset()
+    return torch._dynamo.explain(model)(*args, **kwargs).graph_break_count
+
+
+@pytest.mark.parametrize(
+    "switch",
+    [{}, *(pytest.param(switch, marks=pytest.mark.slow) for switch in SWITCHES)],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "default",
+)
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
-def test_torch_compile_runs_the_fused_layers_outside_its_graph(arithmetic, traced_kernels):
-    """Inside ``torch.compile`` (its options with the compiled kernels on, the default outside this suite) each
-    fused layer on float32 CPU tensors is a graph break (it runs eagerly, through its compiled kernels), for no
-    other reason; the compiled model gives eager's logits, and what it compiles does not grow with depth (the
-    layers share their graphs)."""
+def test_torch_compile_traces_every_config_as_one_graph(arithmetic, switch, traced_kernels):
+    """With the compiled CPU kernels on (the default outside this suite) a training step's forward and loss and
+    an inference pass trace as one graph, for every ablation switch in both arithmetics: the fused layers are
+    registered operators in it (:mod:`operators`), nothing breaks it."""
+    traced_kernels(True)
+    model = small_model(num_hidden_layers=1, arithmetic=arithmetic, **switch).train()
+    x, labels = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    assert graph_breaks(lambda: model(pixel_values=x, labels=labels).loss) == 0
+    model.eval()
+    with torch.no_grad():
+        assert graph_breaks(lambda: model(x).logits) == 0
+
+
+@pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
+def test_torch_compile_keeps_the_fused_layers_as_operators_and_shares_them_across_layers(arithmetic, traced_kernels):
+    """Inside ``torch.compile`` on float32 CPU tensors with the kernels on, each fused layer is one call of its
+    registered operator in the graph (its formulas are not traced); the compiled model gives eager's logits, and
+    what it compiles does not grow with depth (each operator serves every layer)."""
     traced_kernels(True)
     x = torch.randn(2, 3, 32, 32)
-    graphs = []
+    graphs, nodes, fused_calls = [], [], []
     for layers in (1, 3):
         torch._dynamo.reset()
         counters.clear()
         model = small_model(num_hidden_layers=layers, arithmetic=arithmetic).eval()
+        captured: list[torch.fx.GraphModule] = []
+
+        def backend(gm, example_inputs, captured=captured):
+            captured.append(gm)
+            return gm.forward
+
         with torch.no_grad():
-            got = torch.compile(model, backend="aot_eager")(x).logits
+            got = torch.compile(model, backend=backend, fullgraph=True)(x).logits
             assert torch.allclose(got, model(x).logits, atol=1e-5)
-        assert counters["graph_break"] and all(OPAQUE_REASON in reason for reason in counters["graph_break"])
+        called = [str(node.target) for gm in captured for node in gm.graph.nodes if node.op == "call_function"]
+        namespace = operator_namespace()
+        nodes.append(len(called))
+        fused_calls.append(len([name for name in called if name.startswith(namespace)]))
         graphs.append(counters["stats"]["unique_graphs"])
-    assert graphs[0] == graphs[1]
+    assert graphs[0] == graphs[1] == 1
+    per_layer = (nodes[1] - nodes[0]) // 2
+    assert (fused_calls[1] - fused_calls[0]) // 2 >= 5  # norms, projections, attention, residuals
+    assert per_layer < 50  # the layers' formulas stay inside the operators
+
+
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="fake CUDA tensors need a torch built with CUDA")
+@pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
+def test_a_forward_on_a_gpu_reads_no_tensor_value(arithmetic):
+    """On a CUDA device a training forward, its input check included (a device-side assertion there), never makes
+    the host read a tensor value (no synchronisation, CUDA graphs can capture it): it runs to the loss on fake CUDA
+    tensors, which have no values (a read raises), and counts no ``_local_scalar_dense``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from polar_vit_hf.benchmarks.launches import OperatorCounter
+
+    model = small_model(num_hidden_layers=1, arithmetic=arithmetic, polar_attn_implementation="fused").train()
+    fake = FakeTensorMode()
+    with fake:
+        state = {
+            name: fake.from_tensor(t).to("cuda").requires_grad_(t.requires_grad)
+            for name, t in [*model.named_parameters(), *model.named_buffers()]
+        }
+        x, labels = torch.randn(4, 3, 32, 32, device="cuda"), torch.arange(4, device="cuda")
+        with OperatorCounter() as counter:
+            loss = torch.func.functional_call(model, state, (), {"pixel_values": x, "labels": labels}).loss
+    assert loss.device.type == "cuda" and counter.syncs == 0 and counter.operators > 0
 
 
 def test_torch_compile_traces_one_graph_where_the_kernels_are_off(traced_kernels):
@@ -279,11 +338,11 @@ def test_torch_compile_traces_one_graph_where_the_kernels_are_off(traced_kernels
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
-@pytest.mark.parametrize("traced", [True, False], ids=["layers-traced", "layers-outside"])
+@pytest.mark.parametrize("traced", [True, False], ids=["layers-traced", "layers-as-operators"])
 def test_torch_compile_trains_like_eager_without_warnings(arithmetic, traced, recwarn, traced_kernels):
     """A compiled training step gives eager's gradients, with the fused layers traced into its graph (their
-    autograd Functions and recomputed functions) or run outside it, and compiling it warns about nothing of this
-    package and hits no recompile limit."""
+    autograd Functions and recomputed functions) or called as its registered operators, and compiling it warns
+    about nothing of this package and hits no recompile limit."""
     traced_kernels(not traced)
     model = small_model(num_hidden_layers=1, arithmetic=arithmetic, drop_path_rate=0.0).train()
     x, labels = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])

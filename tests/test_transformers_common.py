@@ -7,6 +7,8 @@ skipped below with its reason.  The sdist is fetched by ``make install`` (``test
 
 from __future__ import annotations
 
+import os
+import tempfile
 import unittest
 from unittest import mock
 
@@ -16,6 +18,8 @@ import transformers_sdist
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
 import polar_vit_hf as P
+from polar_vit_hf.modeling import cpu_kernels
+from polar_vit_hf.modeling.runtime import use_runtime_options
 
 ModelTesterMixin, ConfigTester = transformers_sdist.load()  # FileNotFoundError naming `make install` if missing
 
@@ -96,6 +100,28 @@ class PolarViTCommonTests(ModelTesterMixin):  # type: ignore[misc, valid-type]
 
     def test_config(self) -> None:
         self.config_tester.run_common_tests()
+
+    @pytest.mark.slow
+    def test_batching_equivalence_whatever_the_kernel_cache_holds(self) -> None:
+        """The mixin's batching test with the compiled CPU kernels on: from an empty kernel cache; from one holding
+        this configuration's variants of gradient-free passes (``compile_cpu_kernels()`` of other instances), for
+        models that do not run them and for models that do (single images and batches through their own
+        variants)."""
+        with (
+            tempfile.TemporaryDirectory() as cache,
+            mock.patch.dict(os.environ, {"POLAR_VIT_KERNEL_CACHE": cache}),
+            use_runtime_options(cpu_kernels=True),
+        ):
+            cpu_kernels.clear_compiled()
+            self.test_batching_equivalence()  # cold
+            config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+            assert sum(model_class(config).compile_cpu_kernels() for model_class in self.all_model_classes) > 0
+            cpu_kernels.clear_compiled()  # as a new process, the cache warm
+            self.test_batching_equivalence()
+            with mock.patch.object(P.PolarViTPreTrainedModel, "kernels_for_inference", True):
+                self.test_batching_equivalence()
+                assert cpu_kernels.compiled_variants() == 0  # every variant was at hand
+            cpu_kernels.clear_compiled()
 
     def test_model_get_set_embeddings(self) -> None:
         """As transformers' ViT test: the input embedding is the patch embedding (a Polar-FC), not a token table."""

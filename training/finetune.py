@@ -45,6 +45,7 @@ import yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from polar_vit_hf.cli import UserError, add_debug_flag, command
+from polar_vit_hf.training.compilation import add_compile_flag, compile_wanted
 
 METRICS = Path(__file__).resolve().parent / "metrics"
 RECIPES = Path(__file__).resolve().parent / "recipes"
@@ -155,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--hub_model_id", help="repo id to push to (default: <your user>/<output_dir name>)")
     run.add_argument("--hub_private", action="store_true")
     run.add_argument("--trust_remote_code", action="store_true")
+    add_compile_flag(parser)
     add_debug_flag(parser)
     return parser
 
@@ -482,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         tf32=True if args.tf32 else None,
         use_cpu=not torch.cuda.is_available(),
         ddp_find_unused_parameters=False,
+        torch_compile=compile_wanted(args.compile, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
     )
     accuracy = evaluate.load(str(METRICS / "accuracy"))
     trainer = SoftTargetTrainer(

@@ -43,6 +43,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_
 from torch.utils.data import DataLoader
 
 from polar_vit_hf.cli import UserError, add_debug_flag, command
+from polar_vit_hf.training.compilation import CompileProgress, add_compile_flag, compile_regions, compile_wanted
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 CSV_FIELDS = ["step", "epoch", "loss", "lr", "grad_norm", "eval_accuracy", "eval_top5_accuracy", "skipped"]
@@ -130,6 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "re-initialised when the labels differ)",
     )
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
+    add_compile_flag(parser)
     parser.add_argument("--no_progress", action="store_true")
     parser.add_argument(
         "--set",
@@ -537,6 +539,10 @@ def main(argv: list[str] | None = None) -> int:
     steps_per_epoch = 0 if streamed else len(train_loader) // accelerator.gradient_accumulation_steps
     max_steps, warmup = total_steps(optim, steps_per_epoch)
     scheduler = cosine_with_warmup(optimizer, warmup, max_steps)
+    compiling = None
+    if compile_wanted(args.compile, accelerator.device):
+        compile_regions(model, output_dir, accelerator.print)
+        compiling = CompileProgress(output_dir, accelerator.print, save=accelerator.is_main_process)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler
     )
@@ -616,6 +622,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             state["step"] += 1
             step = state["step"]
+            if compiling is not None:
+                compiling.step_done()
             mean_loss = float(accelerator.gather(loss.detach().reshape(1)).mean())
             row = dict(
                 step=step,
