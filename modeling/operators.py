@@ -194,6 +194,8 @@ class FusedOperators:
         return [t.contiguous() for t in (*outputs, *extras)]
 
     def _setup_context(self, ctx: Any, inputs: tuple, output: list[Tensor]) -> None:
+        """``register_autograd``'s context: the key, which inputs need a gradient (kept, for their shapes), the
+        inputs and outputs ``forward`` saved, and its other saved tensors (the forward operator's extra outputs)."""
         key, tensors = inputs
         saved = self.saved[key]
         ctx.key, ctx.needs = key, [t.requires_grad for t in tensors]
@@ -206,6 +208,8 @@ class FusedOperators:
         )
 
     def _autograd_backward(self, ctx: Any, grads: list[Tensor]) -> tuple[None, list[Tensor | None]]:
+        """``register_autograd``'s backward: the backward operator on what :meth:`_setup_context` kept and the
+        outputs' gradients (those of the extra outputs are never used)."""
         like, stored = ctx.saved_tensors[: ctx.like], ctx.saved_tensors[ctx.like :]
         gradients = iter(self.backward_op(ctx.key, ctx.needs, list(like), list(stored), list(grads[: self.outputs])))
         return None, [next(gradients) if need else None for need in ctx.needs]
