@@ -858,4 +858,4 @@ def leading_columns(
 ) -> Tensor:
     """``x`` with its first ``width`` coordinates replaced by ``fn(x[..., :width], *tensors, *constants)``, its
     backward ``fn_backward``, through :class:`LeadingColumnsFunction` (:func:`operators.fused_apply`)."""
-    return fused_apply(LeadingColumnsFunction, x, fn, fn_backward, tuple(constants), width, x, *tensors)
+    return fused_apply(LeadingColumnsFunction, fn, fn_backward, tuple(constants), width, x, *tensors)

@@ -247,7 +247,7 @@ class FusedAmbientGyroLayerNorm(torch.autograd.Function):
 
 def fused_ambient_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
     """The ambient gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedAmbientGyroLayerNorm`."""
-    return fused_apply(FusedAmbientGyroLayerNorm, p, p, log_gain, bias, float(k), float(eps))
+    return fused_apply(FusedAmbientGyroLayerNorm, p, log_gain, bias, float(k), float(eps))
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,7 +372,7 @@ def fused_ambient_fc_output(h: Tensor, p: Tensor, rule: AmbientRule | None, k: f
     """The ambient Polar-FC's output points ``(..., H, d+1)`` from its product ``h (..., H, d)`` and input points
     ``p (..., n+1)``; see :class:`FusedAmbientFCOutput`."""
     parameters = rule if rule is not None else (None, None, None, None)
-    return fused_apply(FusedAmbientFCOutput, h, h, p, *parameters, float(k), bool(gelu))
+    return fused_apply(FusedAmbientFCOutput, h, p, *parameters, float(k), bool(gelu))
 
 
 # --------------------------------------------------------------------------------------------
@@ -472,7 +472,7 @@ def fused_ambient_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: 
     """The boost residual (Eq. 12) of ambient points ``x, f (B, N, n+1)``; ``strength (B, 1)`` or ``None``: a
     :class:`fused_layers.FusedBoostResidual` with :func:`ambient_boost_residual_forward` and
     :func:`ambient_boost_residual_backward`."""
-    return fused_apply(FusedBoostResidual, x, x, f, alpha, strength, float(k), AMBIENT_BOOST)
+    return fused_apply(FusedBoostResidual, x, f, alpha, strength, float(k), AMBIENT_BOOST)
 
 
 # --------------------------------------------------------------------------------------------

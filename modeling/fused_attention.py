@@ -677,7 +677,7 @@ def fused_polar_attention(
 ) -> tuple[Tensor, Tensor]:
     """Polar attention (Eq. 9) in one fused function (:class:`FusedPolarAttention`); ``scale`` is an ``(H,)``
     tensor."""
-    return fused_apply(FusedPolarAttention, rq, rq, uq, rk, uk, rv, uv, scale, float(k))
+    return fused_apply(FusedPolarAttention, rq, uq, rk, uk, rv, uv, scale, float(k))
 
 
 def head_major(qk: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -741,7 +741,7 @@ class FusedPolarAttentionHeads(torch.autograd.Function):
 def fused_polar_attention_heads(qk: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
     """Polar attention (Eq. 9) of token-major heads ``qk (B, N, 2H, d+1)`` (queries, then keys) and ``v (B, N, H,
     d+1)`` -> ``(B, N, H, d+1)`` (:class:`FusedPolarAttentionHeads`); ``scale`` is an ``(H,)`` tensor."""
-    return fused_apply(FusedPolarAttentionHeads, qk, qk, v, scale, float(k))
+    return fused_apply(FusedPolarAttentionHeads, qk, v, scale, float(k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -886,7 +886,7 @@ class FusedAmbientAttention(torch.autograd.Function):
 def fused_ambient_attention(q: Tensor, keys: Tensor, v: Tensor, scale: Tensor, k: float = 1.0) -> Tensor:
     """Ambient attention (Eq. 9 in ambient coordinates) of ``(B, H, N, d+1)`` points in one fused function
     (:class:`FusedAmbientAttention`); ``scale`` is an ``(H,)`` tensor."""
-    return fused_apply(FusedAmbientAttention, q, q, keys, v, scale, float(k))
+    return fused_apply(FusedAmbientAttention, q, keys, v, scale, float(k))
 
 
 @registered_operators()
@@ -916,4 +916,4 @@ def fused_ambient_attention_heads(qk: Tensor, v: Tensor, scale: Tensor, k: float
     """Ambient attention (Eq. 9 in ambient coordinates) of token-major heads ``qk (B, N, 2H, d+1)`` (queries, then
     keys) and ``v (B, N, H, d+1)`` -> ``(B, N, H, d+1)`` (:class:`FusedAmbientAttentionHeads`); ``scale`` is an
     ``(H,)`` tensor."""
-    return fused_apply(FusedAmbientAttentionHeads, qk, qk, v, scale, float(k))
+    return fused_apply(FusedAmbientAttentionHeads, qk, v, scale, float(k))

@@ -478,4 +478,4 @@ class FusedGyroLayerNorm(torch.autograd.Function):
 def fused_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
     """Gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedGyroLayerNorm` (its bias point's form
     known on the CPU, :func:`bias_near_origin`)."""
-    return fused_apply(FusedGyroLayerNorm, p, p, log_gain, bias, float(k), float(eps), bias_near_origin(bias, k))
+    return fused_apply(FusedGyroLayerNorm, p, log_gain, bias, float(k), float(eps), bias_near_origin(bias, k))

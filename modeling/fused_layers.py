@@ -391,7 +391,7 @@ def fused_polar_fc(
     ``matmul_dtype`` (the precision policy) or in ``p``'s precision."""
     parameters: tuple[Tensor | None, ...] = rule if rule is not None else (None, None, None, None)
     activation = torch.nn.functional.gelu if is_gelu(activation) else activation  # a function, not a module
-    return fused_apply(FusedPolarFC, p, p, weight, *parameters, float(sqrt_k), int(heads), activation, matmul_dtype)
+    return fused_apply(FusedPolarFC, p, weight, *parameters, float(sqrt_k), int(heads), activation, matmul_dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -557,7 +557,7 @@ class FusedReservedAxesEncoding(torch.autograd.Function):
 
 def fused_reserved_axes_encoding(p: Tensor, t_rows: Tensor, t_cols: Tensor, kind: str, sqrt_k: float) -> Tensor:
     """Relative position encoding of ``p (B, N, H, d+1)`` with per-token, per-head moves ``t (N, H)``."""
-    return fused_apply(FusedReservedAxesEncoding, p, p, t_rows, t_cols, kind, float(sqrt_k))
+    return fused_apply(FusedReservedAxesEncoding, p, t_rows, t_cols, kind, float(sqrt_k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -844,7 +844,7 @@ POLAR_BOOST = BoostKernels(_boost_residual_forward, _boost_residual_gradients)  
 def fused_boost_residual(x: Tensor, f: Tensor, alpha: Tensor, strength: Tensor | None, sqrt_k: float) -> Tensor:
     """Boost residual (Eq. 12) of ``x, f (B, N, n+1)`` (:class:`FusedBoostResidual`); ``strength (B, 1)`` or
     ``None``."""
-    return fused_apply(FusedBoostResidual, x, x, f, alpha, strength, float(sqrt_k), POLAR_BOOST)
+    return fused_apply(FusedBoostResidual, x, f, alpha, strength, float(sqrt_k), POLAR_BOOST)
 
 
 # --------------------------------------------------------------------------------------------
@@ -911,4 +911,4 @@ class FusedDirectConcat(torch.autograd.Function):
 def fused_direct_concat(p: Tensor, k: float) -> Tensor:
     """Lorentz direct concatenation ``(..., H, d+1) -> (..., H d + 1)`` of packed points
     (:class:`FusedDirectConcat`)."""
-    return fused_apply(FusedDirectConcat, p, p, float(k))
+    return fused_apply(FusedDirectConcat, p, float(k))

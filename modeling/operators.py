@@ -98,12 +98,6 @@ class _Context:
     def saved_tensors(self) -> tuple[Tensor | None, ...]:  # noqa: D102
         return self.to_save
 
-    def set_materialize_grads(self, value: bool) -> None:  # noqa: D102
-        pass
-
-    def mark_non_differentiable(self, *tensors: Tensor) -> None:  # noqa: D102
-        pass
-
     def attributes(self) -> tuple[tuple[str, Any], ...]:
         """What ``forward`` set on the context besides its saved tensors."""
         return tuple(
@@ -285,9 +279,10 @@ def runs_as_operator(like: Tensor) -> bool:
     )
 
 
-def fused_apply(function: type[torch.autograd.Function], like: Tensor, *args: Any) -> Any:
-    """``function.apply(*args)``, through its registered operators where :func:`runs_as_operator` (``like`` the
-    layer's main input) and no argument is a module (an activation given as one: its formulas are traced)."""
+def fused_apply(function: type[torch.autograd.Function], *args: Any) -> Any:
+    """``function.apply(*args)``, through its registered operators where :func:`runs_as_operator` for its first
+    tensor argument and no argument is a module (an activation given as one: its formulas are traced)."""
+    like = next(a for a in args if isinstance(a, Tensor))
     if runs_as_operator(like) and not any(isinstance(a, torch.nn.Module) for a in args):
         return function.apply_operators(*args)  # type: ignore[attr-defined]
     return function.apply(*args)
