@@ -28,7 +28,6 @@ import enum
 import functools
 import hashlib
 import os
-import shutil
 import sys
 import threading
 import time
@@ -44,6 +43,19 @@ from torch import Tensor
 
 from .operators import fused_apply, registered_operators, stable_description
 from .runtime import runtime_options, set_runtime_options
+from .torch_internals import (
+    PRECOMPILED_HEADERS,
+    functorch_transforms_active,
+    global_state,
+    inductor_default_cache_dir,
+    inductor_option_names,
+    inductor_threads,
+    keep_precompiled_headers,
+    mark_size_static,
+    no_duck_sizing,
+    saved_tensor_hooks_active as saved_tensor_hooks_active,
+    torch_function_mode_depth,
+)
 
 __all__ = [
     "DOUBLE_BACKWARD_MESSAGE",
@@ -108,12 +120,7 @@ def cpu_kernels_enabled() -> bool:
 
 def transforms_active() -> bool:
     """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ...) is running this call."""
-    return bool(torch._C._are_functorch_transforms_active())
-
-
-def saved_tensor_hooks_active() -> bool:
-    """Whether saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``, ``save_on_cpu``) are in force."""
-    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    return functorch_transforms_active()
 
 
 def first_order(backward: Callable) -> Callable:
@@ -129,12 +136,30 @@ def first_order(backward: Callable) -> Callable:
         if not torch.is_grad_enabled():
             return gradients
         values = gradients if isinstance(gradients, tuple) else (gradients,)
-        refuse = torch._C._functions.DelayedError(DOUBLE_BACKWARD_MESSAGE.encode(), len(values))
-        flagged = refuse(*[v.detach().requires_grad_() if isinstance(v, Tensor) else v for v in values])
-        flagged = flagged if isinstance(flagged, tuple) else (flagged,)
-        return flagged if isinstance(gradients, tuple) else flagged[0]
+        flagged = [
+            RefuseDoubleBackward.apply(v.detach().requires_grad_()) if isinstance(v, Tensor) else v for v in values
+        ]
+        return tuple(flagged) if isinstance(gradients, tuple) else flagged[0]
 
     return wrapper
+
+
+def _refusing(value: Any) -> Any:
+    """``value`` (a gradient) as a leaf of :class:`RefuseDoubleBackward` if it is a tensor, else as it is."""
+    return RefuseDoubleBackward.apply(value.detach().requires_grad_()) if isinstance(value, Tensor) else value
+
+
+class RefuseDoubleBackward(torch.autograd.Function):
+    """The identity, whose backward raises :data:`DOUBLE_BACKWARD_MESSAGE`: what :func:`first_order` attaches to a
+    hand-derived gradient computed under ``create_graph=True``."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor) -> Tensor:  # noqa: D102
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # noqa: D102
+        raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
 
 
 class KernelUse(enum.Enum):
@@ -198,9 +223,7 @@ def compile_options(fn: Callable, device: str) -> dict[str, Any] | None:
     options = kernel_options(fn)
     if device == "cpu":
         return options
-    from torch._inductor import config
-
-    names = config.get_config_copy()  # every option this torch has, by its dotted name
+    names = inductor_option_names()
     known = {name: value for name, value in GPU_NUMERICS.items() if name in names}
     return {**known, **(options or {})} or None
 
@@ -310,13 +333,8 @@ def kernel_threads() -> int:
     """The thread count inductor compiles a C++ kernel for now, and writes into it (``#pragma omp parallel
     num_threads(n)``, one partial sum per thread; one thread: no parallel loop at all): a variant runs that many
     threads in any process, so it serves only processes that run as many (``torch.set_num_threads``,
-    ``OMP_NUM_THREADS``).  ``torch._inductor.config.cpp.threads`` where set, else ``torch.get_num_threads()``; 0 where
-    inductor reads the count when the kernel runs (``TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1``)."""
-    from torch._inductor import config
-
-    if config.cpp.dynamic_threads:
-        return 0
-    return config.cpp.threads if config.cpp.threads >= 1 else torch.get_num_threads()
+    ``OMP_NUM_THREADS``); :func:`torch_internals.inductor_threads`."""
+    return inductor_threads()
 
 
 def kernel_cache_dir() -> Path | None:
@@ -427,7 +445,7 @@ class PersistentKernel:
             return
         if len(self.matched) >= MATCHED_SIGNATURES:
             self.matched.pop(next(iter(self.matched)))
-        self.matched[signature] = (variant, torch._C._dynamo.guards.GlobalStateGuard())
+        self.matched[signature] = (variant, global_state())
 
 
 def call_signature(args: tuple) -> tuple | None:
@@ -437,7 +455,7 @@ def call_signature(args: tuple) -> tuple | None:
     stack; ``None`` where an argument cannot be part of a key (unhashable, or a tensor without strides).  Guards
     are a function of these and of the global state, so a variant that accepted one call accepts every call of
     the same signature in the same global state."""
-    parts: list[Any] = [torch._C._len_torch_function_stack()]
+    parts: list[Any] = [torch_function_mode_depth()]
 
     def visit(values: tuple) -> None:
         for value in values:
@@ -550,31 +568,30 @@ def _load_variant(path: Path, f_globals: dict[str, Any] | None, loaded: set[str]
 
 
 _INDUCTOR_FOLDER_LOCK = threading.RLock()  # one redirection of inductor's cache folder at a time (a process variable)
+_PROCESS_STARTED = time.time()  # (about: when this module was imported)
 
 
 @contextlib.contextmanager
 def _inductor_files_beside(folder: Path) -> Iterator[None]:
     """Inductor's on-disk caches (the C++ libraries of a variant's kernels, its wrapper module, the compiled graphs)
     in ``inductor/`` next to ``folder``'s variants (in :func:`kernel_cache_dir`) for the block, and its precompiled
-    header kept there too (:func:`_keep_precompiled_headers`), where the user has not chosen their folder
-    (``$TORCHINDUCTOR_CACHE_DIR`` unset or inductor's default).
+    header kept there too (:func:`torch_internals.keep_precompiled_headers`), where the user has not chosen their
+    folder (``$TORCHINDUCTOR_CACHE_DIR`` unset or inductor's default).
 
     A saved variant holds its kernels' C++ source, not their libraries: inductor compiles a library again wherever
     its own cache lacks it, and that cache defaults to the temporary directory, which is emptied at reboot and is
-    private to each job on many clusters and to each container: every variant of a training step compiled again
-    (tiny-cifar at batch 64: a first step of 39-43 s instead of 4-5 s).  Kept beside the variants, the libraries
-    live as long as they do.  The folder is a process-wide environment variable: set under one lock and restored."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
+    private to each job on many clusters and to each container: every variant of a training step would compile
+    again.  Kept beside the variants, the libraries live as long as they do.  The folder is a process-wide
+    environment variable: set under one lock and restored."""
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if chosen is not None and chosen != os.path.abspath(default_cache_dir()):
+    if chosen is not None and chosen != inductor_default_cache_dir():
         yield
         return
     kept = folder.parent / PRECOMPILED_HEADERS
-    inductors = Path(default_cache_dir()) / PRECOMPILED_HEADERS
+    inductors = Path(inductor_default_cache_dir()) / PRECOMPILED_HEADERS
     with _INDUCTOR_FOLDER_LOCK:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder.parent / "inductor")
-        _keep_precompiled_headers(kept, inductors)
+        keep_precompiled_headers(kept, inductors)
         try:
             yield
         finally:
@@ -582,43 +599,7 @@ def _inductor_files_beside(folder: Path) -> Iterator[None]:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
             else:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = chosen
-            _keep_precompiled_headers(inductors, kept, built_since=_PROCESS_STARTED)
-
-
-PRECOMPILED_HEADERS = "precompiled_headers"  # inductor's folder of them in its default cache, and ours beside it
-_PROCESS_STARTED = time.time()  # (about: when this module was imported)
-
-
-def _keep_precompiled_headers(source: Path, target: Path, built_since: float | None = None) -> None:
-    """Give ``target`` the precompiled headers of ``source`` it lacks (``NAME.h`` and ``NAME.h.gch``, the name a
-    digest of the header's preprocessed text, the compiler and its flags), those built since ``built_since`` only
-    where given: a hard link where both share a file system, else a copy, each made under a temporary name and
-    renamed (another process sees a whole file or none).
-
-    Inductor builds its precompiled header (about 5 s on 2 cores, 150 MiB) in the temporary directory's cache
-    whatever ``$TORCHINDUCTOR_CACHE_DIR`` says, and before it looks for a library; it builds none where the file is
-    there.  Kept beside the variants (copied back where the temporary directory is empty: a reboot, a cluster job's
-    own ``/tmp``, a new container), the first step there loads as fast as anywhere (tiny-cifar at batch 64: 8-9 s
-    before, 3.0 s with the header back).  Saved only what was built since this process started (by this process, or
-    by another one it waited for): a header that an earlier process left in a shared ``/tmp`` may come from another
-    build of torch."""
-    try:
-        names = [path.name for path in source.iterdir() if path.name.endswith((".h", ".h.gch"))]
-    except OSError:  # no such folder yet
-        return
-    for name in names:
-        destination, partial = target / name, target / f".{name}.{uuid.uuid4().hex}"
-        try:
-            if destination.exists() or (built_since is not None and (source / name).stat().st_mtime < built_since):
-                continue
-            target.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(source / name, partial)
-            except OSError:  # another file system
-                shutil.copy2(source / name, partial)
-            os.replace(partial, destination)
-        except OSError:  # a read-only or full disk, a file removed meanwhile: inductor builds the header itself
-            partial.unlink(missing_ok=True)
+            keep_precompiled_headers(inductors, kept, built_since=_PROCESS_STARTED)
 
 
 def _install_module_aliases(f_globals: dict[str, Any]) -> None:
@@ -659,8 +640,8 @@ def leading_cat(first: Tensor, rest: Tensor) -> Tensor:
 
 def static_last_sizes(value: Any) -> Any:
     """``value`` with every tensor of rank 2 or more replaced by an alias (``detach``: the caller's tensor is left
-    unmarked) whose last size the compiler takes as a constant (``torch._dynamo.mark_static``), inside (named)
-    tuples too (:func:`map_tensors`).
+    unmarked) whose last size the compiler takes as a constant (:func:`torch_internals.mark_size_static`), inside
+    (named) tuples too (:func:`map_tensors`).
 
     The last size of a kernel's tensors is the model's (the coordinates ``d``, the keys ``M``, the heads), never the
     batch's; a constant there lets inductor unroll and vectorise its innermost loops without remainder code.  The
@@ -673,7 +654,7 @@ def _static_last_size(t: Tensor) -> Tensor:
     if t.dim() < 2:
         return t
     alias = t.detach()
-    torch._dynamo.mark_static(alias, t.dim() - 1)
+    mark_size_static(alias, t.dim() - 1)
     return alias
 
 
@@ -681,7 +662,7 @@ def _aot_compile(fn: Callable, args: tuple, device: str = "cpu") -> Any:
     """``torch.compile(fn, dynamic=True, fullgraph=True)`` ahead of time for arguments like ``args`` on ``device``
     (:func:`compile_options`), without duck sizing (sizes equal in ``args`` need not stay equal), their last sizes
     constant (:func:`static_last_sizes`)."""
-    with torch.fx.experimental._config.patch(use_duck_shape=False), warnings.catch_warnings():  # type: ignore[attr-defined]
+    with no_duck_sizing(), warnings.catch_warnings():
         # (the guards read ``.grad`` of non-leaf arguments, which warns)
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
         compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=compile_options(fn, device))
@@ -694,13 +675,11 @@ def _compile_variant(fn: Callable, args: tuple, folder: Path, loaded: set[str], 
     with _inductor_files_beside(folder):
         try:
             variant = _aot_compile(fn, args, device)
-        except torch._dynamo.exc.TensorifyScalarRestartAnalysis:  # a restart that ``torch.compile`` does itself
+        except Exception:  # noqa: BLE001 - a restart of the analysis, which ``torch.compile`` itself retries
             try:
                 variant = _aot_compile(fn, args, device)
             except Exception:  # noqa: BLE001 - not every traceable function can be compiled ahead of time
                 return None
-        except Exception:  # noqa: BLE001
-            return None
     name = f"{argument_kinds(args)}-{uuid.uuid4().hex}.bin"
     loaded.add(name)
     try:

@@ -43,7 +43,8 @@ __all__ = [
     "FusedGyroLayerNorm",
     "GyroNormScalars",
     "GyroNormWide",
-    "bias_near_origin",
+    "BiasStep",
+    "bias_step",
     "fused_gyro_layer_norm",
     "gyro_norm_forward",
 ]
@@ -139,6 +140,18 @@ def gyroadd_vectors(
     return d, v_perp, torch.addcmul(scalars.z_par.unsqueeze(-1) * u1, scalars.sinh_b.unsqueeze(-1), v_perp)
 
 
+def gyroadd_scalar_gradients(
+    g_zpar: Tensor, g_sinh_b: Tensor, scalars: GyroaddScalars
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dL/da, dL/db, dL/dh)`` of :func:`gyroadd_z`'s per-token scalars from ``dL/dz_par`` and the direct
+    ``dL/dsinh b`` (of ``sinh b`` times the vector part): ``h`` enters ``z_par`` and ``v_perp = d + s h u1``."""
+    sinh_a, cosh_a, sinh_b, cosh_b, cosh_ab, sign, h, z_par, aligned = scalars
+    g_a = g_zpar * torch.where(aligned, cosh_a * cosh_b + sinh_a * sinh_b * (1.0 - h), cosh_ab + sinh_a * sinh_b * h)
+    g_b = g_zpar * torch.where(aligned, sinh_a * sinh_b + cosh_a * cosh_b * (1.0 - h), cosh_a * cosh_b * h - cosh_ab)
+    g_h = g_zpar * torch.where(aligned, -cosh_a * sinh_b, cosh_a * sinh_b) + sign * sinh_b * g_zpar
+    return g_a, g_b + g_sinh_b * cosh_b, g_h
+
+
 def gyroadd_backward(g_z: Tensor, u1: Tensor, parts: GyroaddParts) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dL/da, dL/du1, dL/db, dL/dv)`` of :func:`gyroadd_z` for a direction ``u1`` shared by the tokens:
     ``dL/du1`` summed over them (the shape of ``u1``), the others per token.
@@ -146,15 +159,10 @@ def gyroadd_backward(g_z: Tensor, u1: Tensor, parts: GyroaddParts) -> tuple[Tens
     With ``g_vperp = sinh b g_z``: ``g_z . v_perp = g_z . d + s h (g_z . u1)``, ``g_d = g_vperp + g_h d`` and
     ``g_u1 = g_z z_par + s h g_vperp - s g_d``, summed as products.
     """
-    sinh_a, cosh_a, sinh_b, cosh_b, cosh_ab, sign, h, z_par, aligned = parts.scalars
-    d = parts.d
+    scalars, d = parts.scalars, parts.d
+    sign, h, sinh_b, z_par = scalars.sign, scalars.h, scalars.sinh_b, scalars.z_par
     g_zpar = dot_tokens(g_z, u1)
-    g_sinh_b = (g_z * d).sum(-1) + sign * h * g_zpar
-    g_a = g_zpar * torch.where(aligned, cosh_a * cosh_b + sinh_a * sinh_b * (1.0 - h), cosh_ab + sinh_a * sinh_b * h)
-    g_b = g_zpar * torch.where(aligned, sinh_a * sinh_b + cosh_a * cosh_b * (1.0 - h), cosh_a * cosh_b * h - cosh_ab)
-    g_h = g_zpar * torch.where(aligned, -cosh_a * sinh_b, cosh_a * sinh_b)
-    g_b = g_b + g_sinh_b * cosh_b
-    g_h = g_h + sign * sinh_b * g_zpar  # v_perp = d + s h u1, h = 1/2 |d|^2, d = v - s u1
+    g_a, g_b, g_h = gyroadd_scalar_gradients(g_zpar, (g_z * d).sum(-1) + sign * h * g_zpar, scalars)
     g_d = torch.addcmul(g_z * sinh_b.unsqueeze(-1), g_h.unsqueeze(-1), d)
     g_u1 = sum_tokens(z_par + sign * sinh_b * (h - 1.0), g_z, u1) - sum_tokens(sign * g_h, d, u1)
     return g_a, g_u1, g_b, g_d
@@ -163,21 +171,91 @@ def gyroadd_backward(g_z: Tensor, u1: Tensor, parts: GyroaddParts) -> tuple[Tens
 # --------------------------------------------------------------------------------------------
 # the gyro layer norm
 # --------------------------------------------------------------------------------------------
-class BiasNear(NamedTuple):
-    """The bias point added by Eq. 20 directly (``||b|| <= 1``, smooth at the origin)."""
+class BiasStep(NamedTuple):
+    """The intermediates of the bias point's gyroaddition ``X (+) y`` (Eq. 20, 21; :func:`bias_step`), per call
+    (``X``, ``|X|^2``, which form, ``u1``, ``|X|``) and per token (the rest).
 
-    sinh_b: Tensor
-    cosh_b: Tensor
-    x_dot_u: Tensor
-    denom: Tensor
-    coef: Tensor
+    Both forms write ``z = A u1 + sinh b d`` with ``d = u_y - s u1``, ``s = sign(u_y . u1)``: near the origin
+    (``|X| <= 1``, Eq. 20 directly, smooth at ``X = 0``) ``A = s sinh b + coef |X|``; beyond, the polar gyroaddition
+    (Eq. 21) with the bias point ``(asinh |X|, u1)``, ``A = z_par + s h sinh b``.  Only the per-token ``A`` depends on
+    the form: the token-wide passes are shared and the host never reads which form applies."""
+
+    big_x: Tensor  # X = bias / sqrt(k)
+    x_sq: Tensor  # |X|^2
+    near: Tensor  # |X| <= 1
+    u1: Tensor  # X / |X|, an arbitrary unit vector at X = 0
+    norm: Tensor  # |X|, 1 at X = 0 (never divided by 0)
+    x_norm: Tensor  # |X|
+    far: GyroaddScalars  # Eq. 21's per-token scalars, a = asinh |X|
+    x_dot_u: Tensor  # X . u_y
+    denom: Tensor  # sqrt(1 + |X|^2) + 1
+    coef: Tensor  # Eq. 20's coefficient of X: (X . u_y) sinh b / denom + cosh b
+    along: Tensor  # A
 
 
-class BiasFar(NamedTuple):
-    """The bias point added by the polar gyroaddition (Eq. 21) beyond the unit ball (the point itself)."""
+def bias_step(bias: Tensor, b: Tensor, u_y: Tensor, sqrt_k: float) -> tuple[Tensor, Tensor, BiasStep]:
+    """``(z, d, record)`` of ``X (+) y`` for the bias point ``X = bias / sqrt(k)`` (space coordinates over
+    ``sqrt(k)``) and the tokens ``y = (b, u_y)``, radii over ``sqrt(k)``, in both forms (:class:`BiasStep`)."""
+    big_x = bias / sqrt_k
+    x_sq = big_x.square().sum()
+    present = x_sq > 0
+    norm = torch.linalg.vector_norm(torch.where(present, big_x, 1.0))
+    u1 = torch.where(present, big_x, 1.0) / norm
+    x_norm = torch.where(present, norm, 0.0)
+    sinh_b, cosh_b = sinh_cosh(b)
+    dot = u_y @ u1
+    sign = torch.where(dot >= 0, 1.0, -1.0).to(b.dtype)
+    d = torch.addcmul(u_y, sign.unsqueeze(-1), u1, value=-1.0)
+    h = 0.5 * d.square().sum(-1)
+    # near the origin: z = sinh b u_y + coef X (Eq. 20)
+    x_dot_u = dot * x_norm
+    denom = torch.sqrt(1.0 + x_sq) + 1.0
+    coef = x_dot_u * sinh_b / denom + cosh_b
+    # beyond: the polar gyroaddition (Eq. 21), z = z_par u1 + sinh b (d + s h u1)
+    a = asinh_nonneg(norm)
+    sinh_a, cosh_a = sinh_cosh(a)
+    sinh_ab, cosh_ab = sinh_cosh(a - b)
+    aligned = sign > 0
+    z_par = torch.where(aligned, sinh_a * cosh_b + cosh_a * sinh_b * (1.0 - h), sinh_ab + cosh_a * sinh_b * h)
+    near = x_sq <= 1.0
+    along = torch.where(near, sign * sinh_b + coef * x_norm, z_par + sign * h * sinh_b)
+    z = torch.addcmul(along.unsqueeze(-1) * u1, sinh_b.unsqueeze(-1), d)
+    far = GyroaddScalars(sinh_a, cosh_a, sinh_b, cosh_b, cosh_ab, sign, h, z_par, aligned)
+    return z, d, BiasStep(big_x, x_sq, near, u1, norm, x_norm, far, x_dot_u, denom, coef, along)
 
-    far_x: Tensor
-    far_norm: Tensor
+
+def bias_step_backward(
+    g_z: Tensor, u_y: Tensor, d: Tensor, step: BiasStep, sqrt_k: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dL/db, dL/du_y, dL/dbias)`` of :func:`bias_step`: the form's per-token gradients selected per value, one
+    token-wide pass for ``dL/du_y`` and one token sum for the bias point.
+
+    Near: ``dL/dX = sum (coef g_z + g_{X.u} u_y) + X g_denom / sqrt(1 + |X|^2)``.  Beyond: ``dL/du1 = sum (z_par + s
+    sinh b (h - 1)) g_z - s g_h d`` (:func:`gyroadd_backward`) and ``dL/dX = (sum g_a) u1 / sqrt(1 + |X|^2) +
+    (dL/du1 - (dL/du1 . u1) u1) / |X|``."""
+    far, near, u1 = step.far, step.near, step.u1
+    sinh_b, cosh_b, sign, h = far.sinh_b, far.cosh_b, far.sign, far.h
+    g_along = g_z @ u1
+    g_sinh_b = (g_z * d).sum(-1)
+    # near the origin
+    g_coef = g_along * step.x_norm
+    g_x_dot_u = g_coef * sinh_b / step.denom
+    g_b_near = (g_sinh_b + sign * g_along + g_coef * step.x_dot_u / step.denom) * cosh_b + g_coef * sinh_b
+    g_denom = -sum_dims(g_coef * step.x_dot_u * sinh_b) / step.denom**2
+    # beyond
+    g_a, g_b_far, g_h = gyroadd_scalar_gradients(g_along, g_sinh_b + sign * h * g_along, far)
+    g_b = torch.where(near, g_b_near, g_b_far)
+    g_h = torch.where(near, 0.0, g_h)
+    g_x_dot_u = torch.where(near, g_x_dot_u, 0.0)
+    g_u_y = sinh_b.unsqueeze(-1) * g_z + g_h.unsqueeze(-1) * d + g_x_dot_u.unsqueeze(-1) * step.big_x
+    on_g_z = torch.where(near, step.coef, far.z_par + sign * sinh_b * (h - 1.0))
+    summed = sum_dims(on_g_z.unsqueeze(-1) * g_z + g_x_dot_u.unsqueeze(-1) * u_y - (sign * g_h).unsqueeze(-1) * d, 1)
+    g_x_near = summed + step.big_x * (g_denom / torch.sqrt(1.0 + step.x_sq))
+    g_x_far = (
+        sum_dims(torch.where(near, 0.0, g_a)) / torch.sqrt(1.0 + step.norm**2) * u1
+        + (summed - (summed @ u1) * u1) / step.norm
+    )
+    return g_b, g_u_y, torch.where(near, g_x_near, g_x_far) / sqrt_k
 
 
 class GyroNormScalars(NamedTuple):
@@ -206,25 +284,21 @@ class GyroNormScalars(NamedTuple):
     norm1: Tensor
     factor: Tensor
     b: Tensor
-    big_x: Tensor
-    x_sq: Tensor
-    near: Tensor
-    near_bias: BiasNear | None
-    far_bias: BiasFar | None
+    bias: BiasStep
     norm2: Tensor
 
 
 class GyroNormWide(NamedTuple):
     """The token-by-coordinate intermediates of :func:`gyro_norm_forward` (rebuilt in backward): the input
     directions, their differences to the centroid direction, the centring's vectors, the centred directions, the
-    output directions and the far bias point's gyroaddition."""
+    output directions and the bias step's ``d = u_y - s u1`` (:func:`bias_step`)."""
 
     u: Tensor
     diff: Tensor
     centring: GyroaddParts
     u_y: Tensor
     u_out: Tensor
-    far_parts: GyroaddParts | None
+    bias_d: Tensor
 
 
 def gyro_norm_forward(
@@ -233,13 +307,8 @@ def gyro_norm_forward(
     bias: Tensor,
     k: float,
     eps: float,
-    near_origin: bool | None = None,
 ) -> tuple[Tensor, GyroNormScalars, GyroNormWide]:
-    """The gyro layer norm of ``p (B, N, n+1)`` over its tokens and the intermediates of its backward.
-
-    ``near_origin`` says which form of Eq. 20 the bias point takes (:func:`bias_near_origin`); ``None``: both
-    forms, selected by ``torch.where`` (no data-dependent branch: the host never reads a value of the device's, a
-    traced graph has one form)."""
+    """The gyro layer norm of ``p (B, N, n+1)`` over its tokens and the intermediates of its backward."""
     sk = math.sqrt(k)
     u = p[..., 1:]
     a = p[..., 0] / sk
@@ -266,33 +335,7 @@ def gyro_norm_forward(
     r_y, u_y, norm1 = polar_from_z(z1, sk)
     factor = torch.exp(log_gain) / torch.sqrt(variance + eps)  # (B,)
     b = r_y * factor.unsqueeze(-1) / sk
-    big_x = bias / sk
-    x_sq = big_x.square().sum()
-    near = x_sq <= 1.0
-    use_near, use_far = (True, True) if near_origin is None else (near_origin, not near_origin)
-    near_bias: BiasNear | None = None
-    far_bias: BiasFar | None = None
-    far_parts: GyroaddParts | None = None
-    z_near: Tensor | None = None
-    z_far: Tensor | None = None
-    if use_near:  # near the origin: Eq. 20 directly (smooth at b = o), as geometry.gyroadd_space
-        sinh_b, cosh_b = sinh_cosh(b)
-        x_dot_u = u_y @ big_x
-        denom = torch.sqrt(1.0 + x_sq) + 1.0
-        coef = x_dot_u * sinh_b / denom + cosh_b
-        z_near = sinh_b.unsqueeze(-1) * u_y + coef.unsqueeze(-1) * big_x
-        near_bias = BiasNear(sinh_b, cosh_b, x_dot_u, denom, coef)
-    if use_far:  # beyond: the polar gyroaddition (Eq. 21) with the bias point in polar form
-        far_x = big_x if near_origin is False else torch.where(near, torch.ones_like(big_x), big_x)
-        far_norm = torch.linalg.vector_norm(far_x)
-        z_far, far_parts = gyroadd_z(asinh_nonneg(far_norm), far_x / far_norm, b, u_y)
-        far_bias = BiasFar(far_x, far_norm)
-    z2: Tensor | None
-    if z_near is not None and z_far is not None:
-        z2 = torch.where(near, z_near, z_far)
-    else:
-        z2 = z_near if z_near is not None else z_far
-    assert z2 is not None  # one branch always runs
+    z2, bias_d, step = bias_step(bias, b, u_y, sk)
     r_out, u_out, norm2 = polar_from_z(z2, sk)
     out = torch.cat([r_out.unsqueeze(-1), u_out], dim=-1)
     scalars = GyroNormScalars(
@@ -319,54 +362,22 @@ def gyro_norm_forward(
         norm1,
         factor,
         b,
-        big_x,
-        x_sq,
-        near,
-        near_bias,
-        far_bias,
+        step,
         norm2,
     )
-    return out, scalars, GyroNormWide(u, diff, centring, u_y, u_out, far_parts)
+    return out, scalars, GyroNormWide(u, diff, centring, u_y, u_out, bias_d)
 
 
 def gyro_norm_backward(
-    grad: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float, st: GyroNormScalars, wide: GyroNormWide
+    grad: Tensor, k: float, eps: float, st: GyroNormScalars, wide: GyroNormWide
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dL/dp, dL/dlog_gain, dL/dbias)`` from the intermediates of :func:`gyro_norm_forward`."""
     sk = math.sqrt(k)
     tokens = st.a.shape[-1]
     g_z2 = polar_from_z_backward(grad[..., 0], grad[..., 1:], wide.u_out, st.norm2, sk)
-    big_x, u_y, near = st.big_x, wide.u_y, st.near
-    both = st.near_bias is not None and st.far_bias is not None
-    g_b: Tensor | float = 0.0
-    g_u_y: Tensor | float = 0.0
-    g_bias: Tensor | float = 0.0
-    if st.near_bias is not None:
-        sinh_b, cosh_b, x_dot_u, denom, coef = st.near_bias
-        g_z = torch.where(near, g_z2, 0.0) if both else g_z2
-        g_coef = g_z @ big_x
-        g_x_dot_u = g_coef * sinh_b / denom
-        g_sinh_b = (g_z * u_y).sum(-1) + g_coef * x_dot_u / denom
-        g_denom = -sum_dims(g_coef * x_dot_u * sinh_b) / denom**2
-        g_big_x = sum_dims(coef.unsqueeze(-1) * g_z + g_x_dot_u.unsqueeze(-1) * u_y, keep=1)
-        g_big_x = g_big_x + big_x * (g_denom / torch.sqrt(1.0 + st.x_sq))
-        g_u_y = g_u_y + torch.addcmul(g_z * sinh_b.unsqueeze(-1), g_x_dot_u.unsqueeze(-1), big_x)
-        g_b = g_b + g_sinh_b * cosh_b + g_coef * sinh_b
-        g_bias = g_bias + (torch.where(near, g_big_x, 0.0) if both else g_big_x) / sk
-    if st.far_bias is not None and wide.far_parts is not None:
-        far_x, far_norm = st.far_bias
-        u_bias = far_x / far_norm
-        g_z = torch.where(near, 0.0, g_z2) if both else g_z2
-        g_a_bias, g_u_bias, g_b_far, g_u_far = gyroadd_backward(g_z, u_bias, wide.far_parts)
-        g_a_bias = sum_dims(g_a_bias)
-        g_far_x = (g_a_bias / torch.sqrt(1.0 + far_norm**2)) * u_bias + (
-            g_u_bias - (g_u_bias @ u_bias) * u_bias
-        ) / far_norm
-        g_b, g_u_y = g_b + g_b_far, g_u_y + g_u_far
-        g_bias = g_bias + (torch.where(near, 0.0, g_far_x) if both else g_far_x) / sk
+    u_y = wide.u_y
+    g_b, g_u_y, g_bias = bias_step_backward(g_z2, u_y, wide.bias_d, st.bias, sk)
     # radius scaling r_y -> factor r_y, factor = e^{log_gain} / sqrt(variance + eps)
-    g_b = torch.as_tensor(g_b)  # at least one branch ran: a tensor
-    g_u_y = torch.as_tensor(g_u_y)
     g_r_y = g_b * st.factor.unsqueeze(-1) / sk
     g_factor = (g_b * st.r_y).sum(-1) / sk
     g_log_gain = sum_dims(g_factor * st.factor)
@@ -400,7 +411,7 @@ def gyro_norm_backward(
         / tokens
     )
     g_u = g_u + g_chord.unsqueeze(-1) * wide.diff + sinh_a.unsqueeze(-1) * g_v.unsqueeze(-2) / tokens
-    return torch.cat([(g_a / sk).unsqueeze(-1), g_u], dim=-1), g_log_gain, torch.as_tensor(g_bias)
+    return torch.cat([(g_a / sk).unsqueeze(-1), g_u], dim=-1), g_log_gain, g_bias
 
 
 def rebuild_wide(p: Tensor, out: Tensor, st: GyroNormScalars) -> GyroNormWide:
@@ -412,43 +423,27 @@ def rebuild_wide(p: Tensor, out: Tensor, st: GyroNormScalars) -> GyroNormWide:
     u, u_hat = p[..., 1:], st.u_hat
     d, v_perp, z1 = gyroadd_vectors(-u_hat.unsqueeze(-2), u, st.centring)
     u_y = safe_normalize(z1, st.norm1)
-    far = st.far_bias
-    far_parts = None if far is None else gyroadd_z(asinh_nonneg(far.far_norm), far.far_x / far.far_norm, st.b, u_y)[1]
-    return GyroNormWide(u, u - u_hat.unsqueeze(-2), GyroaddParts(st.centring, d, v_perp), u_y, out[..., 1:], far_parts)
+    bias_d = torch.addcmul(u_y, st.bias.far.sign.unsqueeze(-1), st.bias.u1, value=-1.0)
+    return GyroNormWide(u, u - u_hat.unsqueeze(-2), GyroaddParts(st.centring, d, v_perp), u_y, out[..., 1:], bias_d)
 
 
-def bias_near_origin(bias: Tensor, k: float) -> bool | None:
-    """Whether the bias point ``b = bias / sqrt(k)`` lies within ``||b|| <= 1``, where Eq. 20 is used directly (else
-    the polar gyroaddition, Eq. 21): read from host memory, eagerly on the CPU; ``None`` off the CPU (reading it
-    would make the host wait for the device, and no such wait may happen while a CUDA graph is captured) and
-    inside ``torch.compile`` (the value is data): :func:`gyro_norm_forward` then carries both forms.
-
-    Known before a compiled kernel runs, it specialises the kernel to the one form in use: a kernel traced without
-    it computes both forms for every token (the layer norm's forward about 3x, its backward about 2x the time)."""
-    if torch.compiler.is_compiling() or bias.device.type != "cpu":
-        return None
-    return bool((bias / math.sqrt(k)).square().sum() <= 1.0)
-
-
-def _saved_forward(
-    p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float, near_origin: bool | None
-) -> tuple[Tensor, GyroNormScalars]:
+def _saved_forward(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> tuple[Tensor, GyroNormScalars]:
     """The output of :func:`gyro_norm_forward` and the scalars its backward keeps."""
-    out, scalars, _ = gyro_norm_forward(p, log_gain, bias, k, eps, near_origin)
+    out, scalars, _ = gyro_norm_forward(p, log_gain, bias, k, eps)
     return out, scalars
 
 
 def _gradients(
-    grad: Tensor, p: Tensor, out: Tensor, log_gain: Tensor, bias: Tensor, st: GyroNormScalars, k: float, eps: float
+    grad: Tensor, p: Tensor, out: Tensor, st: GyroNormScalars, k: float, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients from the input, output and saved scalars (:func:`rebuild_wide`, :func:`gyro_norm_backward`)."""
-    return gyro_norm_backward(grad, log_gain, bias, k, eps, st, rebuild_wide(p, out, st))
+    return gyro_norm_backward(grad, k, eps, st, rebuild_wide(p, out, st))
 
 
 @registered_operators()
 class FusedGyroLayerNorm(torch.autograd.Function):
     r"""Gyro layer normalisation (Sec. 4.4) as one function (see the module docstring).  Saved: the input, the
-    output, ``log_gain``, the bias point and the per-token / per-sample :class:`GyroNormScalars`."""
+    output and the per-call / per-token / per-sample :class:`GyroNormScalars` (the bias step's among them)."""
 
     @staticmethod
     def forward(
@@ -458,24 +453,20 @@ class FusedGyroLayerNorm(torch.autograd.Function):
         bias: Tensor,
         k: float,
         eps: float,  # noqa: D102
-        near_origin: bool | None,
     ) -> Tensor:
-        out, small = run_maybe_compiled(_saved_forward, p, p, log_gain, bias, k, eps, near_origin)
-        save_with_record(ctx, small, p, log_gain, bias, out)
+        out, small = run_maybe_compiled(_saved_forward, p, p, log_gain, bias, k, eps)
+        save_with_record(ctx, small, p, out)
         ctx.k, ctx.eps = k, eps
         return out
 
     @staticmethod
     @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple:  # noqa: D102
-        (p, log_gain, bias, out), small = saved_with_record(ctx)
-        g_p, g_log_gain, g_bias = run_maybe_compiled(
-            _gradients, p, grad.contiguous(), p, out, log_gain, bias, small, ctx.k, ctx.eps
-        )
-        return g_p, g_log_gain, g_bias, None, None, None
+        (p, out), small = saved_with_record(ctx)
+        g_p, g_log_gain, g_bias = run_maybe_compiled(_gradients, p, grad.contiguous(), p, out, small, ctx.k, ctx.eps)
+        return g_p, g_log_gain, g_bias, None, None
 
 
 def fused_gyro_layer_norm(p: Tensor, log_gain: Tensor, bias: Tensor, k: float, eps: float) -> Tensor:
-    """Gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedGyroLayerNorm` (its bias point's form
-    known on the CPU, :func:`bias_near_origin`)."""
-    return fused_apply(FusedGyroLayerNorm, p, log_gain, bias, float(k), float(eps), bias_near_origin(bias, k))
+    """Gyro layer norm of ``p (B, N, n+1)`` over its tokens; see :class:`FusedGyroLayerNorm`."""
+    return fused_apply(FusedGyroLayerNorm, p, log_gain, bias, float(k), float(eps))

@@ -21,6 +21,7 @@ from torch import Tensor
 from .cpu_kernels import transforms_active
 from .runtime import runtime_options, set_runtime_options, use_runtime_options
 from .spherical import icosphere_patches
+from .torch_internals import assert_on_device
 
 if TYPE_CHECKING:
     from .configuration_polar_vit import PolarViTConfig
@@ -164,7 +165,7 @@ def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> N
     if pixel_values.device.type != "cpu" or torch.compiler.is_compiling():
         # a device-side assertion: the host never waits for the device's answer (no sync, CUDA graphs capture it)
         message = f"pixel_values contain NaN or Inf values, or a {patch} RMS above {PATCH_RADIUS_LIMIT:g} "
-        torch._assert_async(largest <= PATCH_RADIUS_LIMIT, message + advice)
+        assert_on_device(largest <= PATCH_RADIUS_LIMIT, message + advice)
         return
     value = float(largest)  # on the CPU: one read of host memory
     if not math.isfinite(value):

@@ -21,7 +21,7 @@ import polar_vit_hf as P
 from polar_vit_hf.modeling import fused_ambient, fused_attention, fused_layers
 from polar_vit_hf.modeling.fused_ambient import fused_ambient_boost_residual, fused_ambient_gyro_layer_norm
 from polar_vit_hf.modeling.fused_attention import AttentionRows, fused_ambient_attention, fused_polar_attention
-from polar_vit_hf.modeling.fused_gyro_norm import fused_gyro_layer_norm, gyro_norm_forward, rebuild_wide
+from polar_vit_hf.modeling.fused_gyro_norm import bias_step, fused_gyro_layer_norm, gyro_norm_forward, rebuild_wide
 from polar_vit_hf.modeling.fused_layers import fused_boost_residual, fused_polar_fc, fused_reserved_axes_encoding
 from polar_vit_hf.modeling.manifold_ops import AmbientOps, FusedAmbientOps, FusedPolarOps, PolarOps
 from polar_vit_hf.modeling.modeling_polar_vit import RELATIVE_POSITION_CLASSES, BoostResidual, GyroLayerNorm, PolarFC
@@ -634,11 +634,35 @@ def test_gyro_layer_norm_backward_rebuilds_the_forward_intermediates_exactly(cas
     flat = lambda w: [t for t in w if isinstance(t, torch.Tensor)]  # noqa: E731 - the tensors of a record
     pairs = list(zip(flat(rebuilt[:2]) + flat(rebuilt[3:5]), flat(wide[:2]) + flat(wide[3:5])))
     pairs += [(rebuilt.centring.d, wide.centring.d), (rebuilt.centring.v_perp, wide.centring.v_perp)]
-    # both forms of Eq. 20 are kept (selected per value): the far form's gyroaddition is rebuilt too
-    pairs += list(zip(flat(rebuilt.far_parts[1:]), flat(wide.far_parts[1:])))
-    pairs += list(zip(flat(rebuilt.far_parts.scalars), flat(wide.far_parts.scalars)))
-    assert len(pairs) == 17
+    pairs += [(rebuilt.bias_d, wide.bias_d)]  # the bias step's d = u_y - s u1 (both forms of Eq. 20 share it)
+    assert len(pairs) == 7
     assert all(torch.equal(got, want) for got, want in pairs)
+
+
+@pytest.mark.parametrize("rmax", [0.5, 4.0, 8.0, 12.0])
+def test_bias_step_forms_meet_on_the_unit_sphere_and_match_the_gyroaddition(rmax):
+    """The bias point's gyroaddition switches form at ``|X| = 1`` (Eq. 20 directly within, the polar Eq. 21 beyond):
+    the two agree there to float64 rounding, and each equals the reference gyroaddition, also for tokens aligned
+    with and opposite to the bias point."""
+    k = 1.3
+    sk = math.sqrt(k)
+    torch.manual_seed(5)
+    b = radii(3, 8, rmax=rmax) / sk
+    u_y = directions(3, 8, 6)
+    direction = torch.nn.functional.normalize(torch.randn(6, dtype=F64), dim=0)
+    u_y[0, 0], u_y[0, 1] = direction, -direction
+
+    def z(norm):
+        return bias_step(norm * sk * direction, b, u_y, sk)[0]
+
+    below, above = z(1.0 - 1e-12), z(1.0 + 1e-12)
+    scale = float(torch.sinh(b).max()) + 2.0  # (a step of 2e-12 in |X| moves z by up to 2e-12 (sinh b + cosh b))
+    assert float((below - above).abs().max()) <= 1e-11 * scale
+    for norm in (0.0, 0.5, 1.0 - 1e-12, 1.0 + 1e-12, 3.0):
+        radius = torch.full((), math.asinh(norm) * sk, dtype=F64)
+        r_out, u_out = P.geometry.gyroadd(radius, direction, b * sk, u_y, k)
+        space = torch.sinh(r_out / sk).unsqueeze(-1) * u_out
+        assert torch.allclose(z(norm), space, rtol=1e-12, atol=1e-12 * scale)
 
 
 # --------------------------------------------------------------------------------------------
