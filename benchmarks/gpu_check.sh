@@ -2,6 +2,9 @@
 # One-call GPU check of Polar-ViT: Triton kernels, correctness on CUDA, timings. Fetches nothing.
 #
 #   bash benchmarks/gpu_check.sh            # on a CUDA machine (the stage time limits add up to 9.7 minutes)
+#   bash benchmarks/gpu_check.sh --compile-table  # the training-step table instead (limits add up to 9.8 min):
+#                                           # tiny-cifar and small at batch 128, eager / compiled blocks /
+#                                           # compiled blocks in a CUDA graph, fp32 and bf16 autocast
 #   bash benchmarks/gpu_check.sh --dry-run  # anywhere: argument parsing, the install step (pip --dry-run),
 #                                           # the skip logic and one kernel report; nothing runs on a GPU
 #
@@ -11,11 +14,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY_RUN=0
+TABLE=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (use --dry-run or --help)" >&2; exit 2 ;;
+    --compile-table) TABLE=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (use --dry-run, --compile-table or --help)" >&2; exit 2 ;;
   esac
 done
 PY=${PYTHON:-python3}
@@ -69,6 +74,40 @@ run_gpu() {  # run_gpu LABEL SECONDS COMMAND...: run it on the GPU (log in $OUT_
   fi
 }
 
+finish() {  # the summary, the archive under $OUT and the exit status
+  stage "done in $((SECONDS - START)) s; results in $OUT_DIR"
+  if [ -n "${OUT:-}" ]; then
+    tar czf "$OUT/gpu_check.tar.gz" --exclude='*.json' -C "$(dirname "$OUT_DIR")" "$(basename "$OUT_DIR")"
+    echo "packed into $OUT/gpu_check.tar.gz"
+  fi
+  if [ ${#FAILED[@]} -gt 0 ]; then
+    printf '!! failed: %s\n' "${FAILED[@]}"
+    exit 1
+  fi
+  exit 0
+}
+
+if [ "$TABLE" = 1 ]; then
+  # the fused layers as compiled blocks on a GPU (the training scripts' --compile), next to the same-shape ViT
+  # under the same policy; each model's first step is its compile time
+  export TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache"
+  run_gpu "compiled model on CUDA: one graph, eager's gradients, a CUDA graph" 90 \
+    env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -p no:logging tests/test_gpu_kernels.py \
+    -k compiled_model
+  for preset in tiny-cifar small; do
+    for precision in none bf16; do
+      run_gpu "step $preset batch 128 autocast $precision: eager and compiled blocks" 95 "$PY" \
+        benchmarks/step_time.py --device cuda --preset "$preset" --batch 128 --repeats 5 --interleave \
+        --autocast "$precision" --models euclidean euclidean-regional polar polar-regional \
+        --out "$OUT_DIR/step_${preset}_${precision}"
+    done
+    run_gpu "step $preset batch 128: compiled blocks in a CUDA graph" 45 "$PY" benchmarks/step_time.py \
+      --device cuda --preset "$preset" --batch 128 --repeats 5 --cuda-graph \
+      --models euclidean-regional polar-regional --out "$OUT_DIR/step_${preset}_graph"
+  done
+  finish
+fi
+
 stage "registers and spills of the default launch configurations ($ARCH; no GPU needed)"
 if [ "$DRY_RUN" = 1 ]; then
   "$PY" benchmarks/triton_report.py --head-dims 16 --arch "$ARCH" --kernels fwd --out "$OUT_DIR" || FAILED+=(report)
@@ -102,13 +141,4 @@ run_gpu "training step tiny-cifar, compiled GPU kernels in a CUDA graph" 60 env 
   --models euclidean polar --cuda-graph --out "$OUT_DIR/step_tiny-cifar_graph"
 run_gpu "profile of a tiny-cifar step, compiled GPU kernels" 45 env POLAR_VIT_GPU_KERNELS=1 \
   "$PY" benchmarks/profile_step.py --device cuda --preset tiny-cifar --batch 64 --top 30 --out "$OUT_DIR/profile"
-
-stage "done in $((SECONDS - START)) s; results in $OUT_DIR"
-if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/gpu_check.tar.gz" --exclude='*.json' -C "$(dirname "$OUT_DIR")" "$(basename "$OUT_DIR")"
-  echo "packed into $OUT/gpu_check.tar.gz"
-fi
-if [ ${#FAILED[@]} -gt 0 ]; then
-  printf '!! failed: %s\n' "${FAILED[@]}"
-  exit 1
-fi
+finish

@@ -1,16 +1,23 @@
-"""Fused polar attention in Triton: the launch configurations and the autograd Function around the kernels of
+"""Fused polar attention in Triton: the launch configurations and the registered operators around the kernels of
 :mod:`triton_kernels` (their numerics are described there).
+
+The forward and backward launches are a pair of ``torch.library.triton_op`` operators joined by
+``register_autograd`` (the kernels called through ``wrap_triton``), with fake implementations that give the
+outputs' shapes without a launch: ``torch.compile`` keeps them in its graph (no break), and CUDA graphs capture
+them.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.library import triton_op, wrap_triton
 
-from .cpu_kernels import first_order
 from .fused_attention import CentredValues, row_gradients
+from .operators import operator_namespace
 from .triton_kernels import KERNELS, TRITON_AVAILABLE, triton, triton_usable
 
 # Default launch configuration per kernel and padded head width (the next power of two >= D, at
@@ -53,88 +60,151 @@ def launch_config(
     return dict(BLOCK_M=block_m or bm, BLOCK_N=block_n or bn, num_warps=warps, num_stages=stages)
 
 
-class _TritonPolarAttention(torch.autograd.Function):
-    """Autograd wrapper of the fused kernels (float32)."""
+def _flat(t: Tensor) -> Tensor:
+    """``(B, H, ...)`` as contiguous float32 ``(B H, ...)``, the kernels' layout."""
+    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).contiguous().float()
 
-    @staticmethod
-    def forward(ctx, rq, uq, rk, uk, rv, uv, scale, k, block_m, block_n):  # noqa: D102
-        batch, heads, n_q, dim = uq.shape
-        n_k = uk.shape[2]
-        flat = [t.reshape(batch * heads, *t.shape[2:]).contiguous().float() for t in (rq, uq, rk, uk, rv, uv)]
-        kbar = flat[3].mean(dim=1).contiguous()
-        vbar = flat[5].mean(dim=1).contiguous()
-        scale32 = scale.float().contiguous()
-        r_out = torch.empty_like(flat[0])
-        u_out = torch.empty_like(flat[1])
-        vc_out = torch.empty_like(flat[1])
-        stats = torch.empty(7, batch * heads, n_q, dtype=torch.float32, device=uq.device)
-        cfg = launch_config("fwd", dim, block_m, block_n)
-        with _on_device(uq.device):
-            KERNELS["fwd"][(batch * heads, triton.cdiv(n_q, cfg["BLOCK_M"]))](
-                *flat,
-                vbar,
-                scale32,
-                r_out,
-                u_out,
-                vc_out,
-                stats,
-                n_q,
-                n_k,
-                heads,
-                math.sqrt(k),
-                float(k),
-                D=dim,
-                D_PAD=padded_head_dim(dim),
-                **cfg,
-            )
-        ctx.save_for_backward(*flat, kbar, vbar, scale32, stats, r_out, u_out, vc_out)
-        ctx.meta = (batch, heads, n_q, n_k, dim, float(k), block_m, block_n, rq.dtype, scale.dtype)
-        shape_r, shape_u = (batch, heads, n_q), (batch, heads, n_q, dim)
-        return r_out.view(shape_r).to(rq.dtype), u_out.view(shape_u).to(uq.dtype)
 
-    @staticmethod
-    @first_order
-    def backward(ctx, grad_r, grad_u):  # noqa: D102
-        rq, uq, rk, uk, rv, uv, kbar, vbar, scale, stats, r_out, u_out, vc_out = ctx.saved_tensors
-        batch, heads, n_q, n_k, dim, k, block_m, block_n, dtype, scale_dtype = ctx.meta
-        sk = math.sqrt(k)
-        grad_r = grad_r.reshape(batch * heads, n_q).float()
-        grad_u = grad_u.reshape(batch * heads, n_q, dim).float()
-        values = CentredValues(stats[6], vc_out, vbar.unsqueeze(1))
-        g_t, g_e, _, g_v, row_dot = row_gradients(grad_r, grad_u, stats[:6], r_out / sk, u_out, values, k)
-        g_t, g_e, g_v, row_dot = (t.contiguous() for t in (g_t, g_e, g_v, row_dot))
-        g_aq, g_uq = torch.empty_like(rq), torch.empty_like(uq)
-        g_scale_rows = torch.empty_like(rq)
-        g_ak, g_uk, g_bv, g_uv = torch.empty_like(rk), torch.empty_like(uk), torch.empty_like(rv), torch.empty_like(uv)
-        rows = (rq, uq, rk, uk, rv, uv, kbar)
-        tail = (scale, stats, u_out, g_t, g_e, g_v, row_dot)
-        sizes = dict(D=dim, D_PAD=padded_head_dim(dim))
-        cfg_q, cfg_kv = launch_config("bwd_q", dim, block_m, block_n), launch_config("bwd_kv", dim, block_m, block_n)
-        with _on_device(uq.device):
-            KERNELS["bwd_q"][(batch * heads, triton.cdiv(n_q, cfg_q["BLOCK_M"]))](
-                *rows, *tail, g_aq, g_uq, g_scale_rows, n_q, n_k, heads, sk, k, **sizes, **cfg_q
-            )
-            for part in kv_parts(dim):
-                KERNELS["bwd_kv"][(batch * heads, triton.cdiv(n_k, cfg_kv["BLOCK_N"]))](
-                    *rows, vbar, *tail, g_ak, g_uk, g_bv, g_uv, n_q, n_k, heads, sk, k, **sizes, **cfg_kv, PART=part
-                )
-        g_scale = g_scale_rows.view(batch, heads, n_q).sum(dim=(0, 2))
+def _blocks(block: int) -> int | None:
+    """A user block size of the operators' schema (0: the default launch configuration)."""
+    return block or None
 
-        def back(t, *shape):
-            return t.view(batch, heads, *shape).to(dtype)
 
-        return (
-            back(g_aq, n_q),
-            back(g_uq, n_q, dim),
-            back(g_ak, n_k),
-            back(g_uk, n_k, dim),
-            back(g_bv, n_k),
-            back(g_uv, n_k, dim),
-            g_scale.to(scale_dtype),
-            None,
-            None,
-            None,
+@triton_op(f"{operator_namespace()}::triton_polar_attention", mutates_args=())
+def _attention_forward(
+    rq: Tensor,
+    uq: Tensor,
+    rk: Tensor,
+    uk: Tensor,
+    rv: Tensor,
+    uv: Tensor,
+    scale: Tensor,
+    k: float,
+    block_m: int,
+    block_n: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward kernel: ``(r, u, centred values, row statistics, mean key and value directions)`` of the
+    ``B H`` slices (float32; ``block_m``, ``block_n``: 0 for the default launch configuration)."""
+    batch, heads, n_q, dim = uq.shape
+    n_k = uk.shape[2]
+    flat = [_flat(t) for t in (rq, uq, rk, uk, rv, uv)]
+    kbar = flat[3].mean(dim=1).contiguous()
+    vbar = flat[5].mean(dim=1).contiguous()
+    r_out = torch.empty_like(flat[0])
+    u_out = torch.empty_like(flat[1])
+    vc_out = torch.empty_like(flat[1])
+    stats = torch.empty(7, batch * heads, n_q, dtype=torch.float32, device=uq.device)
+    cfg = launch_config("fwd", dim, _blocks(block_m), _blocks(block_n))
+    with _on_device(uq.device):
+        wrap_triton(KERNELS["fwd"])[(batch * heads, triton.cdiv(n_q, cfg["BLOCK_M"]))](
+            *flat,
+            vbar,
+            scale.float().contiguous(),
+            r_out,
+            u_out,
+            vc_out,
+            stats,
+            n_q,
+            n_k,
+            heads,
+            math.sqrt(k),
+            float(k),
+            D=dim,
+            D_PAD=padded_head_dim(dim),
+            **cfg,
         )
+    return r_out, u_out, vc_out, stats, kbar, vbar
+
+
+@_attention_forward.register_fake
+def _attention_forward_fake(
+    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor, k: float, *blocks: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward's outputs' shapes, without a launch."""
+    batch, heads, n_q, dim = uq.shape
+    slices = batch * heads
+    like = uq.new_empty((), dtype=torch.float32)
+    rows, directions, means = (slices, n_q), (slices, n_q, dim), (slices, dim)
+    r, u, centred, stats, kbar, vbar = (
+        like.new_empty(size) for size in (rows, directions, directions, (7, *rows), means, means)
+    )
+    return r, u, centred, stats, kbar, vbar
+
+
+@triton_op(f"{operator_namespace()}::triton_polar_attention_backward", mutates_args=())
+def _attention_backward(
+    rq: Tensor,
+    uq: Tensor,
+    rk: Tensor,
+    uk: Tensor,
+    rv: Tensor,
+    uv: Tensor,
+    scale: Tensor,
+    saved: list[Tensor],
+    grad_r: Tensor,
+    grad_u: Tensor,
+    k: float,
+    block_m: int,
+    block_n: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of the inputs (their shapes and dtypes) from the forward's ``saved`` outputs (the output, the
+    centred values, the row statistics, the mean directions) and those of ``(r, u)`` (``B H`` slices): the row
+    gradients (:func:`fused_attention.row_gradients`), then the query kernel and the key/value kernel."""
+    batch, heads, n_q, dim = uq.shape
+    n_k = uk.shape[2]
+    r_out, u_out, vc_out, stats, kbar, vbar = saved
+    sk = math.sqrt(k)
+    values = CentredValues(stats[6], vc_out, vbar.unsqueeze(1))
+    g_t, g_e, _, g_v, row_dot = row_gradients(grad_r.float(), grad_u.float(), stats[:6], r_out / sk, u_out, values, k)
+    g_t, g_e, g_v, row_dot = (t.contiguous() for t in (g_t, g_e, g_v, row_dot))
+    rows = (*(_flat(t) for t in (rq, uq, rk, uk, rv, uv)), kbar)
+    g_aq, g_uq, g_scale_rows = torch.empty_like(rows[0]), torch.empty_like(rows[1]), torch.empty_like(rows[0])
+    g_ak, g_uk, g_bv, g_uv = (torch.empty_like(t) for t in rows[2:6])
+    tail = (scale.float().contiguous(), stats, u_out, g_t, g_e, g_v, row_dot)
+    sizes = dict(D=dim, D_PAD=padded_head_dim(dim))
+    blocks = _blocks(block_m), _blocks(block_n)
+    cfg_q, cfg_kv = launch_config("bwd_q", dim, *blocks), launch_config("bwd_kv", dim, *blocks)
+    with _on_device(uq.device):
+        wrap_triton(KERNELS["bwd_q"])[(batch * heads, triton.cdiv(n_q, cfg_q["BLOCK_M"]))](
+            *rows, *tail, g_aq, g_uq, g_scale_rows, n_q, n_k, heads, sk, k, **sizes, **cfg_q
+        )
+        for part in kv_parts(dim):
+            wrap_triton(KERNELS["bwd_kv"])[(batch * heads, triton.cdiv(n_k, cfg_kv["BLOCK_N"]))](
+                *rows, vbar, *tail, g_ak, g_uk, g_bv, g_uv, n_q, n_k, heads, sk, k, **sizes, **cfg_kv, PART=part
+            )
+    g_scale = g_scale_rows.view(batch, heads, n_q).sum(dim=(0, 2)).to(scale.dtype)
+    g_rq, g_uq, g_rk, g_uk, g_rv, g_uv = (
+        g.view(like.shape).to(like.dtype)
+        for g, like in zip((g_aq, g_uq, g_ak, g_uk, g_bv, g_uv), (rq, uq, rk, uk, rv, uv))
+    )
+    return g_rq, g_uq, g_rk, g_uk, g_rv, g_uv, g_scale
+
+
+@_attention_backward.register_fake
+def _attention_backward_fake(
+    rq: Tensor, uq: Tensor, rk: Tensor, uk: Tensor, rv: Tensor, uv: Tensor, scale: Tensor, *rest: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients' shapes and dtypes (the inputs'), without a launch."""
+    return tuple(torch.empty_like(t) for t in (rq, uq, rk, uk, rv, uv, scale))  # type: ignore[return-value]
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    """``register_autograd``'s context: the inputs, the forward's outputs and the constants."""
+    *tensors, ctx.k, ctx.block_m, ctx.block_n = inputs
+    ctx.save_for_backward(*tensors, *output)
+
+
+def _attention_gradients(ctx: Any, grad_r: Tensor | None, grad_u: Tensor | None, *_: Tensor | None) -> tuple:
+    """``register_autograd``'s backward: the backward operator (the forward's other outputs take no gradient)."""
+    *tensors, r_out, u_out, vc_out, stats, kbar, vbar = ctx.saved_tensors
+    grad_r = torch.zeros_like(r_out) if grad_r is None else grad_r
+    grad_u = torch.zeros_like(u_out) if grad_u is None else grad_u
+    saved = [r_out, u_out, vc_out, stats, kbar, vbar]
+    grads = _attention_backward(*tensors, saved, grad_r, grad_u, ctx.k, ctx.block_m, ctx.block_n)
+    return (*grads, None, None, None)
+
+
+_attention_forward.register_autograd(_attention_gradients, setup_context=_setup_context)
 
 
 def _on_device(device: torch.device):
@@ -161,7 +231,9 @@ def triton_polar_attention(
         raise RuntimeError("impl='triton' needs the triton package (pip install 'polar-vit-hf[triton]')")
     if not triton_usable(uq.device):
         raise RuntimeError("impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to run the kernels on the CPU)")
-    return _TritonPolarAttention.apply(rq, uq, rk, uk, rv, uv, scale, float(k), block_m, block_n)
+    launch_config("fwd", uq.shape[-1], block_m, block_n)  # (checks the block sizes)
+    r, u = _attention_forward(rq, uq, rk, uk, rv, uv, scale, float(k), block_m or 0, block_n or 0)[:2]
+    return r.view(rq.shape).to(rq.dtype), u.view(uq.shape).to(uq.dtype)
 
 
 __all__ = ["TRITON_AVAILABLE", "triton_polar_attention", "triton_usable"]

@@ -176,3 +176,36 @@ def test_model_gives_the_same_logits_and_gradients_with_every_implementation(imp
     for name, param in model.named_parameters():
         tol = 1e-3 * expected[name].abs().max() + 1e-6 * overall
         assert (param.grad.cpu() - expected[name]).abs().max() <= tol, name
+
+
+@needs_triton
+def test_triton_attention_is_one_pair_of_operators_in_a_compiled_graph():
+    """The Triton attention reaches ``torch.compile`` as its registered operators (``triton_op``, with fake
+    implementations and ``register_autograd``): no graph break, the forward and backward operators in the graph,
+    and the gradients of the eager call."""
+    stored = make_inputs(batch=1, heads=2, n_q=19, n_k=23, dim=16, rmax=4.0, seed=3)
+    weights = torch.randn(2, 19, 16, generator=torch.Generator().manual_seed(0))
+
+    def loss(*args):
+        r, u = triton_polar_attention(*args, 0.8, block_m=32, block_n=16)
+        return (r * r).sum() + (u * weights.to(u.device)).sum()
+
+    def gradients(fn):
+        inputs = [t.float().to(TEST_DEVICE).requires_grad_(True) for t in stored]
+        return torch.autograd.grad(fn(*inputs), inputs)
+
+    eager = gradients(loss)
+    seen = []
+
+    def backend(graph, example_inputs):
+        seen.extend(str(node.target) for node in graph.graph.nodes if node.op == "call_function")
+        return graph.forward
+
+    torch._dynamo.reset()
+    inputs = [t.float().to(TEST_DEVICE) for t in stored]
+    assert torch._dynamo.explain(loss)(*inputs).graph_break_count == 0
+    torch._dynamo.reset()
+    compiled = gradients(torch.compile(loss, backend=backend, fullgraph=True))
+    assert sum("triton_polar_attention" in name for name in seen) == 1
+    for have, want in zip(compiled, eager):
+        assert torch.equal(have, want)

@@ -76,3 +76,26 @@ def test_a_models_gpu_kernels_are_as_precise_as_eager_on_the_device(arithmetic):
         logits_e = model(pixel_values=pixels).logits
     assert torch.allclose(logits_k, logits_e, rtol=1e-5, atol=1e-6)
     cpu_kernels.clear_compiled()
+
+
+@pytest.mark.parametrize("arithmetic", ["polar", "ambient"])
+def test_a_compiled_model_is_one_graph_on_the_device_and_replays_as_a_cuda_graph(arithmetic):
+    """``torch.compile(model, fullgraph=True)`` on the device: a training step traces as one graph (no host read,
+    no break), gives eager's loss and gradients there, and ``mode="reduce-overhead"`` captures and replays the step
+    as a CUDA graph."""
+    torch.manual_seed(0)
+    config = P.PolarViTConfig.from_preset(
+        "tiny-cifar", num_labels=10, num_hidden_layers=2, drop_path_rate=0.0, arithmetic=arithmetic
+    )
+    model = P.PolarViTForImageClassification(config).cuda().train()
+    pixels, labels = torch.randn(8, 3, 32, 32, device="cuda"), torch.arange(8, device="cuda") % 10
+    eager = step(model, pixels, labels)
+    torch._dynamo.reset()
+    compiled = step(torch.compile(model, fullgraph=True), pixels, labels)
+    scale = max(float(e.abs().max()) for e in eager)
+    assert max(worst_error(compiled, eager)) <= 1e-5 * scale
+    graphed = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # warm-up, capture, replay
+        torch.compiler.cudagraph_mark_step_begin()
+        replayed = step(graphed, pixels, labels)
+    assert max(worst_error(replayed, eager)) <= 1e-5 * scale

@@ -72,3 +72,25 @@ def test_gpu_check_dry_run_without_a_gpu(tmp_path):
     assert (results / "triton_report.csv").exists()
     with tarfile.open(out / "gpu_check.tar.gz") as archive:  # what the device tool brings back: one file
         assert "results/triton_report.csv" in archive.getnames()
+
+
+def test_gpu_check_compile_table_lists_every_preset_precision_and_cuda_graph(tmp_path):
+    """``--compile-table``: the compiled model's CUDA test, then tiny-cifar and small at batch 128, eager and
+    compiled blocks under fp32 and bf16 autocast, and the compiled blocks in a CUDA graph; nothing else."""
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_DIR": str(tmp_path / "results")}
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--compile-table"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    listed = [line for line in done.stdout.splitlines() if line.startswith("skipped, no GPU:")]
+    assert len(listed) == 7 and "-k compiled_model" in listed[0]
+    for preset in ("tiny-cifar", "small"):
+        for precision in ("none", "bf16"):
+            wanted = (f"--preset {preset} --batch 128", f"--autocast {precision}")
+            assert any(all(part in line for part in wanted) for line in listed)
+        assert any(f"--preset {preset}" in line and "--cuda-graph" in line for line in listed)
+    assert "triton_report" not in done.stdout
