@@ -183,8 +183,8 @@ class BiasStep(NamedTuple):
     big_x: Tensor  # X = bias / sqrt(k)
     x_sq: Tensor  # |X|^2
     near: Tensor  # |X| <= 1
-    u1: Tensor  # X / |X|, an arbitrary unit vector at X = 0
-    norm: Tensor  # |X|, 1 at X = 0 (never divided by 0)
+    u1: Tensor  # X / |X|; at X = 0 the unit vector (1, ..., 1) / sqrt(n)
+    norm: Tensor  # |X|; at X = 0 sqrt(n), the norm of that stand-in (never a division by 0)
     x_norm: Tensor  # |X|
     far: GyroaddScalars  # Eq. 21's per-token scalars, a = asinh |X|
     x_dot_u: Tensor  # X . u_y
