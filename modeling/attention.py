@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from transformers.utils.generic import GeneralInterface
 
-from .cpu_kernels import first_order, transforms_active
+from .cpu_kernels import first_order
 from .fused_attention import CentredValues, fused_polar_attention, row_gradients
 from .geometry import (
     asinhc_half,
@@ -33,6 +33,7 @@ from .geometry import (
     sq_distance_from_c,
 )
 from .runtime import runtime_options
+from .torch_internals import functorch_transforms_active
 from .triton_attention import TRITON_AVAILABLE, triton_polar_attention
 
 DEFAULT_BLOCK = 128
@@ -309,7 +310,7 @@ def select_implementation(
     probabilities always need eager, and so do ``torch.func`` transforms (the eager core is made of transformable
     operators; the others are ``autograd.Function``s with hand-derived backward passes).
     """
-    if output_attentions or transforms_active():
+    if output_attentions or functorch_transforms_active():
         return "eager"
     if requested != "auto":
         return requested

@@ -45,7 +45,6 @@ from .operators import fused_apply, registered_operators, stable_description
 from .runtime import runtime_options, set_runtime_options
 from .torch_internals import (
     PRECOMPILED_HEADERS,
-    functorch_transforms_active,
     global_state,
     inductor_default_cache_dir,
     inductor_option_names,
@@ -53,7 +52,7 @@ from .torch_internals import (
     keep_precompiled_headers,
     mark_size_static,
     no_duck_sizing,
-    saved_tensor_hooks_active as saved_tensor_hooks_active,
+    saved_tensor_hooks_active,
     torch_function_mode_depth,
 )
 
@@ -89,11 +88,9 @@ __all__ = [
     "run_maybe_compiled",
     "save_with_record",
     "saved_with_record",
-    "saved_tensor_hooks_active",
     "set_cpu_kernels",
     "static_last_sizes",
     "sum_dims",
-    "transforms_active",
 ]
 
 DOUBLE_BACKWARD_MESSAGE = (
@@ -116,11 +113,6 @@ def set_cpu_kernels(enabled: bool) -> None:
 def cpu_kernels_enabled() -> bool:
     """Whether the fused layers may use their compiled CPU kernels in this context."""
     return runtime_options().cpu_kernels
-
-
-def transforms_active() -> bool:
-    """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ...) is running this call."""
-    return functorch_transforms_active()
 
 
 def first_order(backward: Callable) -> Callable:

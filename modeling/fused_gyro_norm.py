@@ -199,8 +199,9 @@ def bias_step(bias: Tensor, b: Tensor, u_y: Tensor, sqrt_k: float) -> tuple[Tens
     big_x = bias / sqrt_k
     x_sq = big_x.square().sum()
     present = x_sq > 0
-    norm = torch.linalg.vector_norm(torch.where(present, big_x, 1.0))
-    u1 = torch.where(present, big_x, 1.0) / norm
+    stand_in = torch.where(present, big_x, 1.0)
+    norm = torch.linalg.vector_norm(stand_in)
+    u1 = stand_in / norm
     x_norm = torch.where(present, norm, 0.0)
     sinh_b, cosh_b = sinh_cosh(b)
     dot = u_y @ u1

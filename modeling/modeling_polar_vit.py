@@ -41,7 +41,6 @@ from .configuration_polar_vit import (
     PolarViTSphericalConfig,
     complete_auto_map,
 )
-from .cpu_kernels import transforms_active
 from .heads_polar_vit import (  # the read-outs, re-exported with the model classes
     HEAD_CLASSES,
     POOLER_CLASSES,
@@ -72,6 +71,7 @@ from .layers_polar_vit import (  # the embeddings' building blocks, re-exported 
 )
 from .manifold_ops import ManifoldOps, PolarOps, make_ops, product_dtype
 from .runtime import runtime_options, use_runtime_options
+from .torch_internals import functorch_transforms_active
 from .validation import check_pixel_values
 
 
@@ -505,7 +505,7 @@ class PolarViTModel(PolarViTPreTrainedModel):
         return make_ops(
             self.config.arithmetic,
             self.config.k,
-            self.config.fused_ops and not transforms_active(),
+            self.config.fused_ops and not functorch_transforms_active(),
             product_dtype(weight.device.type, weight.dtype),
         )
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
+from .cpu_kernels import DOUBLE_BACKWARD_MESSAGE
 from .fused_attention import CentredValues, row_gradients
 from .operators import operator_namespace
 from .triton_kernels import KERNELS, TRITON_AVAILABLE, triton, triton_usable
@@ -205,6 +206,15 @@ def _attention_gradients(ctx: Any, grad_r: Tensor | None, grad_u: Tensor | None,
 
 
 _attention_forward.register_autograd(_attention_gradients, setup_context=_setup_context)
+
+
+def _refuse_second_order(ctx: Any, *grads: Tensor | None) -> tuple:
+    """The backward operator's own backward: a differentiated gradient is refused with
+    :data:`cpu_kernels.DOUBLE_BACKWARD_MESSAGE` (the kernels' backward is hand-derived, first order only)."""
+    raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
+
+
+_attention_backward.register_autograd(_refuse_second_order, setup_context=lambda ctx, inputs, output: None)
 
 
 def _on_device(device: torch.device):

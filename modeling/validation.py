@@ -18,10 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .cpu_kernels import transforms_active
 from .runtime import runtime_options, set_runtime_options, use_runtime_options
 from .spherical import icosphere_patches
-from .torch_internals import assert_on_device
+from .torch_internals import assert_on_device, functorch_transforms_active
 
 if TYPE_CHECKING:
     from .configuration_polar_vit import PolarViTConfig
@@ -71,7 +70,7 @@ def _values_checkable(t: Tensor) -> bool:
         and t.device.type == "cpu"
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
-        and not transforms_active()
+        and not functorch_transforms_active()
     )
 
 
@@ -144,7 +143,7 @@ def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> N
         height, width = pixel_values.shape[-2:]
         if height % config.patch_size or width % config.patch_size:
             raise ValueError(f"image size {height}x{width} is not a multiple of patch_size={config.patch_size}")
-    if transforms_active():  # value checks are data-dependent control flow: vmap refuses them
+    if functorch_transforms_active():  # value checks are data-dependent control flow: vmap refuses them
         return
     # the radius of a patch token is the RMS of its values (PolarViTEmbeddings): keep it where float32 holds
     power = pixel_values.detach().float().square().mean(1)

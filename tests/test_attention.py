@@ -209,3 +209,18 @@ def test_triton_attention_is_one_pair_of_operators_in_a_compiled_graph():
     assert sum("triton_polar_attention" in name for name in seen) == 1
     for have, want in zip(compiled, eager):
         assert torch.equal(have, want)
+
+
+@needs_triton
+def test_triton_attention_refuses_a_second_derivative_with_the_fused_layers_message():
+    """The kernels' backward is first order: differentiating a gradient (``create_graph=True``) is refused with the
+    message the fused layers give, not silently wrong."""
+    from polar_vit_hf.modeling.cpu_kernels import DOUBLE_BACKWARD_MESSAGE
+
+    stored = make_inputs(batch=1, heads=1, n_q=5, n_k=7, dim=16)
+    inputs = [t.float().to(TEST_DEVICE).requires_grad_(True) for t in stored]
+    r, u = triton_polar_attention(*inputs, 1.0)
+    (grad_rq,) = torch.autograd.grad(r.sum() + u.sum(), inputs[:1], create_graph=True)
+    with pytest.raises(RuntimeError) as raised:
+        grad_rq.sum().backward()
+    assert DOUBLE_BACKWARD_MESSAGE in str(raised.value)
