@@ -157,14 +157,18 @@ def float64_reference(inputs: list) -> tuple:
     return r.detach(), u.detach(), [t.grad for t in ref]
 
 
-def attention_errors(impl: str, inputs: list, reference: tuple) -> tuple[float, float]:
+def attention_errors(impl: str | Callable, inputs: list, reference: tuple) -> tuple[float, float]:
     """``(largest geodesic error of the output, largest gradient error relative to each reference gradient's
-    largest entry)`` of ``impl`` on copies of ``inputs`` against their :func:`float64_reference`."""
+    largest entry)`` of ``impl`` (an implementation's name, or an attention function) on copies of ``inputs``
+    against their :func:`float64_reference`."""
     from polar_vit_hf.modeling.attention import polar_attention
     from polar_vit_hf.modeling.geometry import distance
 
     test = [t.detach().clone().requires_grad_(True) for t in inputs]
-    r, u = polar_attention(*test[:6], test[6], 1.0, impl=impl)
+    if callable(impl):
+        r, u = impl(*test[:6], test[6], 1.0)
+    else:
+        r, u = polar_attention(*test[:6], test[6], 1.0, impl=impl)
     (r.sum() + u.sum()).backward()
     r_ref, u_ref, grads_ref = reference
     err = float(distance(r.detach().double(), u.detach().double(), r_ref, u_ref).max())

@@ -1,11 +1,11 @@
 """Launch configurations of the Triton attention kernels, swept on the device: registers, time and error.
 
 Run:  python benchmarks/attention_tune.py [--dim 64] [--size 1024] [--batch 8] [--heads 12]
-          [--kernels fwd bwd_q bwd_kv] [--blocks-m 16 32 64] [--blocks-n 16 32 64] [--warps 4 8]
-          [--stages 1 2] [--arch sm_90|sm_80|none] [--workers 8] [--ptxas-only] [--repeats 5]
-          [--out outputs/attention_tune]
+          [--kernels fwd bwd_dq bwd_dkdv] [--blocks-m 16 32 64] [--blocks-n 16 32 64] [--warps 4 8]
+          [--stages 1 2] [--arch sm_90|sm_80|none] [--chords gram|difference] [--workers 8] [--ptxas-only]
+          [--repeats 5] [--out outputs/attention_tune]
 
-Each candidate ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of one kernel (``fwd``, ``bwd_q``, ``bwd_kv``; the
+Each candidate ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of one kernel (``fwd``, ``bwd_dq``, ``bwd_dkdv``; the
 others keep their defaults, :data:`triton_attention.LAUNCH_CONFIGS`) is
 
 * compiled for ``--arch`` and assembled by the ``ptxas`` inside the triton wheel (:func:`triton_report.compile_kernel`,
@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import torch
 
-KERNELS = ("fwd", "bwd_q", "bwd_kv")
+KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
 ERROR_FACTOR = 4.0  # a candidate's error may be this many times the default configuration's
 ERROR_FLOOR = 1e-6  # ... or up to this, where the default's own error is smaller
 
@@ -60,6 +60,7 @@ class Job(NamedTuple):
     dim: int
     candidate: Candidate
     arch: str
+    chords: str = "gram"
 
 
 class Problem(NamedTuple):
@@ -90,25 +91,29 @@ def candidates(args: argparse.Namespace) -> list[Candidate]:
     ]
 
 
-def default_candidate(kernel: str, dim: int) -> Candidate:
-    """The configuration a launch uses today (:func:`triton_attention.launch_config`)."""
+def default_candidate(kernel: str, dim: int, chords: str = "gram") -> Candidate:
+    """The configuration a launch uses today without autotuning (:func:`triton_attention.launch_config`)."""
     from polar_vit_hf.modeling.triton_attention import launch_config
 
-    config = launch_config(kernel, dim)
+    config = launch_config(kernel, dim, chords=chords)
     return Candidate(config["BLOCK_M"], config["BLOCK_N"], config["num_warps"], config["num_stages"])
 
 
 @contextlib.contextmanager
-def launched_with(kernel: str, dim: int, candidate: Candidate) -> Iterator[None]:
-    """Inside: launches of ``kernel`` at head width ``dim`` use ``candidate`` (its ``LAUNCH_CONFIGS`` entry)."""
+def launched_with(kernel: str, dim: int, candidate: Candidate, chords: str = "gram") -> Iterator[None]:
+    """Inside: launches of ``kernel`` at head width ``dim`` use ``candidate`` (the first entry of its
+    ``LAUNCH_CONFIGS`` list; the autotuner off, so that every kernel takes its first entry)."""
+    from polar_vit_hf.modeling import triton_attention
     from polar_vit_hf.modeling.triton_attention import LAUNCH_CONFIGS, padded_head_dim
 
-    table, width = LAUNCH_CONFIGS[kernel], padded_head_dim(dim)
+    table, width = LAUNCH_CONFIGS[chords][kernel], padded_head_dim(dim)
     previous = table.get(width)
-    table[width] = tuple(candidate)
+    table[width] = [tuple(candidate)]
+    triton_attention.AUTOTUNE = False
     try:
         yield
     finally:
+        triton_attention.AUTOTUNE = True
         if previous is None:
             del table[width]
         else:
@@ -118,15 +123,16 @@ def launched_with(kernel: str, dim: int, candidate: Candidate) -> Iterator[None]
 def ptxas_figures(job: Job) -> tuple[int, int]:
     """``(registers, spill bytes)`` of the ``job``'s compile (both parts of a split dk/dv kernel: the larger
     registers, the summed spills); ``(-1, 0)`` for ``arch="none"``."""
-    kernel, dim, candidate, arch = job
+    kernel, dim, candidate, arch, chords = job
     if arch == "none":
         return -1, 0
     os.environ.pop("TRITON_INTERPRET", None)  # (a worker process of its own: compile for the GPU)
     from polar_vit_hf.benchmarks.triton_report import compile_kernel
     from polar_vit_hf.modeling.triton_attention import kv_parts
 
-    with launched_with(kernel, dim, candidate):
-        reports = [compile_kernel(kernel, dim, arch, part) for part in (kv_parts(dim) if kernel == "bwd_kv" else (0,))]
+    with launched_with(kernel, dim, candidate, chords):
+        parts = kv_parts(dim) if kernel == "bwd_dkdv" else (0,)
+        reports = [compile_kernel(kernel, dim, arch, part, chords) for part in parts]
     registers = max(report["registers"] for report in reports)
     return registers, sum(report["spill_stores"] + report["spill_loads"] for report in reports)
 
@@ -144,7 +150,7 @@ def all_ptxas_figures(jobs: list[Job], workers: int) -> list[tuple[int, int]]:
         return list(tqdm(pool.map(ptxas_figures, jobs), total=len(jobs), desc="ptxas", unit="config"))
 
 
-def time_kernel(kernel: str, inputs: list[torch.Tensor], repeats: int) -> float:
+def time_kernel(kernel: str, inputs: list[torch.Tensor], repeats: int, chords: str) -> float:
     """Milliseconds (median of ``repeats`` after one warm-up) of the forward (``fwd``) or of the backward."""
     from polar_vit_hf.benchmarks.attention_speed import synchronizer
     from polar_vit_hf.modeling.triton_attention import triton_polar_attention
@@ -156,7 +162,7 @@ def time_kernel(kernel: str, inputs: list[torch.Tensor], repeats: int) -> float:
             tensor.grad = None
         sync()
         start = time.perf_counter()
-        r, u = triton_polar_attention(*inputs[:6], inputs[6], 1.0)
+        r, u = triton_polar_attention(*inputs[:6], inputs[6], 1.0, chords=chords)
         if kernel != "fwd":
             sync()
             start = time.perf_counter()
@@ -167,18 +173,22 @@ def time_kernel(kernel: str, inputs: list[torch.Tensor], repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def kernel_error(kernel: str, inputs: list[torch.Tensor], reference: tuple) -> float:
+def kernel_error(kernel: str, inputs: list[torch.Tensor], reference: tuple, chords: str) -> float:
     """The output's largest geodesic error from the float64 ``reference`` (``fwd``), or the gradients' largest
     error relative to each reference gradient's largest entry (the backward kernels)."""
-    from polar_vit_hf.benchmarks.attention_speed import attention_errors
+    from functools import partial
 
-    output_error, gradient_error = attention_errors("triton", inputs, reference)
+    from polar_vit_hf.benchmarks.attention_speed import attention_errors
+    from polar_vit_hf.modeling.triton_attention import triton_polar_attention
+
+    attention = partial(triton_polar_attention, chords=chords)
+    output_error, gradient_error = attention_errors(attention, inputs, reference)
     return output_error if kernel == "fwd" else gradient_error
 
 
 def configurations(kernel: str, args: argparse.Namespace) -> list[Candidate]:
     """The default configuration of ``kernel`` first (the yardstick of time and error), then the other candidates."""
-    default = default_candidate(kernel, args.dim)
+    default = default_candidate(kernel, args.dim, args.chords)
     return [default, *(c for c in candidates(args) if c != default)]
 
 
@@ -204,9 +214,9 @@ def sweep(
                 Row(kernel, candidate, is_default, registers, spills, nothing, nothing, "spills" if spills else "ok")
             )
             continue
-        with launched_with(kernel, args.dim, candidate):
-            ms = time_kernel(kernel, problem.timed, args.repeats)
-            error = kernel_error(kernel, problem.checked, problem.reference)
+        with launched_with(kernel, args.dim, candidate, args.chords):
+            ms = time_kernel(kernel, problem.timed, args.repeats, args.chords)
+            error = kernel_error(kernel, problem.checked, problem.reference, args.chords)
         if is_default:
             default_error = error
         status = "ok" if error <= max(ERROR_FACTOR * default_error, ERROR_FLOOR) else "inexact"
@@ -214,7 +224,7 @@ def sweep(
     return rows
 
 
-def print_rows(rows: list[Row], dim: int) -> None:
+def print_rows(rows: list[Row], dim: int, chords: str) -> None:
     """One kernel's table, fastest first, and its best accepted configuration as a ``LAUNCH_CONFIGS`` entry."""
     from polar_vit_hf.modeling.triton_attention import padded_head_dim
 
@@ -235,7 +245,7 @@ def print_rows(rows: list[Row], dim: int) -> None:
         return
     best = min((row for row in rows if row.status == "ok"), key=lambda row: row.ms)
     print(
-        f"  best: LAUNCH_CONFIGS[{best.kernel!r}][{padded_head_dim(dim)}] = {tuple(best.candidate)}  "
+        f"  best: LAUNCH_CONFIGS[{chords!r}][{best.kernel!r}][{padded_head_dim(dim)}][0] = {tuple(best.candidate)}  "
         f"# {best.ms:.3f} ms, {best.ms / default.ms:.2f}x the default {tuple(default.candidate)}"
     )
 
@@ -290,6 +300,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--arch", choices=["sm_90", "sm_80", "none"], default="sm_90")
+    parser.add_argument(
+        "--chords", choices=["gram", "difference"], help="the chord design (default: the device's, gram on a CPU)"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--workers", type=int, default=min(8, os.cpu_count() or 1), help="processes compiling for --arch"
@@ -302,15 +315,16 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from polar_vit_hf.benchmarks.attention_speed import float64_reference, make_inputs
-    from polar_vit_hf.modeling.triton_attention import triton_usable
+    from polar_vit_hf.modeling.triton_attention import default_chords, triton_usable
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args.chords = args.chords or default_chords(device)
     if not args.ptxas_only and not triton_usable(device):
         raise SystemExit("attention_tune.py needs a CUDA GPU with triton (or TRITON_INTERPRET=1 for a dry run)")
     if args.ptxas_only and args.arch == "none":
         raise SystemExit("--ptxas-only needs an --arch to compile for")
     jobs = [
-        Job(kernel, args.dim, candidate, args.arch)
+        Job(kernel, args.dim, candidate, args.arch, args.chords)
         for kernel in args.kernels
         for candidate in configurations(kernel, args)
     ]
@@ -326,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in sweep(kernel, [next(figures) for _ in configurations(kernel, args)], args, problem)
     ]
     for kernel in args.kernels:
-        print_rows([row for row in rows if row.kernel == kernel], args.dim)
+        print_rows([row for row in rows if row.kernel == kernel], args.dim, args.chords)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "attention_tune.csv")

@@ -5,6 +5,9 @@
 #   bash benchmarks/gpu_check.sh --compile-table  # the training-step table instead (limits add up to 9.8 min):
 #                                           # tiny-cifar and small at batch 128, eager / compiled blocks /
 #                                           # compiled blocks in a CUDA graph, fp32 and bf16 autocast
+#   bash benchmarks/gpu_check.sh --kernel-table  # the attention kernels alone (limits add up to 9.7 min): their
+#                                           # tests on CUDA (both chord designs), memcheck, the per-pair PTX and
+#                                           # time table against SDPA and the baseline kernels, a timed tuning sweep
 #   bash benchmarks/gpu_check.sh --dry-run  # anywhere: argument parsing, the install step (pip --dry-run),
 #                                           # the skip logic and one kernel report; nothing runs on a GPU
 #
@@ -15,12 +18,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY_RUN=0
 TABLE=0
+KERNELS=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
     --compile-table) TABLE=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (use --dry-run, --compile-table or --help)" >&2; exit 2 ;;
+    --kernel-table) KERNELS=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (use --dry-run, --compile-table, --kernel-table or --help)" >&2
+       exit 2 ;;
   esac
 done
 PY=${PYTHON:-python3}
@@ -108,11 +114,30 @@ if [ "$TABLE" = 1 ]; then
   finish
 fi
 
+if [ "$KERNELS" = 1 ]; then
+  # the polar attention kernels: correct on the device (both chord designs, half inputs), clean under memcheck,
+  # their per-pair PTX figures and their time against SDPA and the baseline kernels, then the tuning sweep
+  run_gpu "attention tests on CUDA" 150 \
+    env POLAR_VIT_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -p no:logging tests/test_attention.py -k triton
+  SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -n "$SANITIZER" ]; then
+    run_gpu "compute-sanitizer memcheck" 40 "$SANITIZER" --tool memcheck --error-exitcode 1 \
+      "$PY" benchmarks/attention_speed.py --device cuda --sizes 100 --batch 1 --heads 2 --dim 16 --impls triton \
+      --repeats 1 --out "$OUT_DIR/sanitizer"
+  fi
+  run_gpu "attention kernels: PTX per pair, time vs SDPA and the baseline" 240 "$PY" benchmarks/attention_kernel.py \
+    --sizes 196 256 1024 4096 8192 --repeats 5 --out "$OUT_DIR/attention_kernel"
+  run_gpu "launch configurations timed at D = 64, N = 1024" 140 "$PY" benchmarks/attention_tune.py --dim 64 \
+    --size 1024 --blocks-m 16 32 64 --blocks-n 16 32 64 --warps 4 8 --stages 2 --repeats 3 --out "$OUT_DIR/tune"
+  finish
+fi
+
 stage "registers and spills of the default launch configurations ($ARCH; no GPU needed)"
 if [ "$DRY_RUN" = 1 ]; then
-  "$PY" benchmarks/triton_report.py --head-dims 16 --arch "$ARCH" --kernels fwd --out "$OUT_DIR" || FAILED+=(report)
+  "$PY" benchmarks/triton_report.py --head-dims 16 --arch "$ARCH" --kernels fwd --chords gram --out "$OUT_DIR" \
+    || FAILED+=(report)
 else
-  timeout 40 "$PY" benchmarks/triton_report.py --head-dims 16 64 128 --arch "$ARCH" --out "$OUT_DIR" \
+  timeout 40 "$PY" benchmarks/triton_report.py --head-dims 16 64 --arch "$ARCH" --chords gram --out "$OUT_DIR" \
     || FAILED+=("report (spills or time limit)")
 fi
 

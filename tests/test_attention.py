@@ -116,14 +116,232 @@ def test_triton_default_launch_configuration(dim):
 
 
 @needs_triton
+@pytest.mark.parametrize("chords", ["gram", "difference"])
+@pytest.mark.parametrize("dim", [16, 64])
+@pytest.mark.parametrize("case", ["dominant", "aligned"])
+@pytest.mark.parametrize("rmax", [0.0, 4.0, 8.0, 12.0])
+def test_triton_chord_designs_match_float64(chords, dim, case, rmax):
+    """Both exact chord designs (the float64 Gram product, the coordinate differences) on rows dominated by one key
+    and on aligned directions, at radii 0 to 12."""
+    stored = make_inputs(batch=1, heads=2, n_q=19, n_k=23, dim=dim, rmax=rmax, case=case, seed=dim + int(rmax))
+    check(stored, on_test_device(lambda *a: triton_polar_attention(*a, block_m=16, block_n=16, chords=chords)))
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("chords", ["gram", "difference"])
+@pytest.mark.parametrize("case,rmax", [("dominant", 4.0), ("aligned", 12.0), ("generic", 8.0)])
+def test_triton_half_inputs_are_the_float32_kernels_rounded_once(dtype, chords, case, rmax):
+    """The precision policy: half-precision inputs take the float32 kernels on their exact float32 values; the
+    output and the gradients are those of float32 inputs, each rounded once to the input dtype."""
+    stored = [t.to(dtype) for t in make_inputs(batch=1, heads=2, n_q=19, n_k=23, dim=16, rmax=rmax, case=case)]
+    gen = torch.Generator().manual_seed(1)
+    # upstream gradients the half dtype represents exactly, so that both runs receive the same ones
+    w_r, w_u = (torch.randn(*shape, generator=gen).to(dtype).float() for shape in ((1, 2, 19), (1, 2, 19, 16)))
+
+    def run(inputs):
+        leaves = [t.to(TEST_DEVICE).requires_grad_(True) for t in inputs]
+        r, u = triton_polar_attention(*leaves, 0.9, block_m=16, block_n=16, chords=chords)
+        loss = (r.float() * w_r.to(r.device)).sum() + (u.float() * w_u.to(u.device)).sum()
+        grads = torch.autograd.grad(loss, leaves)
+        return [t.cpu() for t in (r, u, *grads)]
+
+    half, single = run(stored), run([t.float() for t in stored])
+    for got, want in zip(half, single):
+        assert got.dtype == dtype
+        assert torch.equal(got, want.to(dtype))
+
+
+if TRITON_AVAILABLE:
+    import triton
+    import triton.language as tl
+
+    from polar_vit_hf.modeling import triton_kernels as K
+
+    @triton.jit
+    def _distance_terms(C, A, B, OUT, N: tl.constexpr):
+        """The kernels' per-pair distance terms of ``N`` values of ``c`` and ``N`` radius pairs."""
+        i = tl.arange(0, N)
+        c = tl.load(C + i)
+        ell, q, inv_q = K._acosh1p(c)
+        a, b = tl.load(A + i), tl.load(B + i)
+        gap = K._half_gap(a, tl.exp(0.5 * a), tl.exp(-0.5 * a), b, tl.exp(0.5 * b), tl.exp(-0.5 * b))
+        diagonal = i[:, None] == i[None, :]
+        sinh_y = tl.sum(tl.where(diagonal, gap[0], 0.0), axis=1)
+        cosh_y = tl.sum(tl.where(diagonal, gap[1], 0.0), axis=1)
+        tl.store(OUT + i, ell)
+        tl.store(OUT + N + i, q)
+        tl.store(OUT + 2 * N + i, inv_q)
+        tl.store(OUT + 3 * N + i, K._log1p(c))
+        tl.store(OUT + 4 * N + i, sinh_y)
+        tl.store(OUT + 5 * N + i, cosh_y)
+
+
+if TRITON_AVAILABLE:
+
+    @triton.jit
+    def _tile_chords(X, HX, Y, HY, OUT, M: tl.constexpr, N: tl.constexpr, D: tl.constexpr, GRAM: tl.constexpr):
+        """The kernels' chords of ``M`` rows of ``X`` against ``N`` rows of ``Y``."""
+        offs_m, offs_n = tl.arange(0, M), tl.arange(0, N)
+        chord = K._chords(X, offs_m, offs_m < M, HX, Y, offs_n, offs_n < N, HY, D, D, GRAM)
+        tl.store(OUT + offs_m[:, None] * N + offs_n[None, :], chord)
+
+
+@needs_triton
+@pytest.mark.parametrize("chords", ["gram", "difference"])
+def test_triton_chords_are_the_float32_rounding_of_the_exact_chord(chords):
+    """Both chord designs against the exact chord of the stored float32 directions (float64), for pairs from equal
+    to opposite: directions at angles 1e-7 ... 3 from each other (chords 5e-15 ... 2), within 4 float32 ulp; the
+    Gram design's tiles with chords below ``CHORD_PRODUCT_ABOVE`` take the differences for those."""
+    from polar_vit_hf.modeling.triton_attention import _half_sq_norms
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(16, 64, generator=gen, dtype=F64), dim=-1)
+    angles = torch.logspace(-7, 0.5, 16, dtype=F64)
+    noise = torch.nn.functional.normalize(torch.randn(16, 64, generator=gen, dtype=F64), dim=-1)
+    y = torch.nn.functional.normalize(x + angles[:, None] * noise, dim=-1)
+    x32, y32 = x.float().contiguous(), y.float().contiguous()
+    out = torch.empty(16, 16)
+    _tile_chords[(1,)](
+        x32, _half_sq_norms(x32), y32, _half_sq_norms(y32), out, M=16, N=16, D=64, GRAM=chords == "gram"
+    )
+    exact = 0.5 * torch.cdist(x32.double(), y32.double(), compute_mode="donot_use_mm_for_euclid_dist") ** 2
+    relative = (out.double() - exact).abs() / exact
+    assert float(exact.min()) < 1e-13 and float(relative.max()) <= 4 * 2.0**-24, float(relative.max())
+
+
+@needs_triton
+def test_triton_distance_terms_match_float64_from_zero_to_overflow():
+    """The kernels' per-pair terms against float64: ``acosh(1 + c)``, ``sqrt(c (2 + c))`` and its inverse for ``c``
+    from 0 and subnormal to 1e37 (radii far beyond 12), ``log1p`` across its Kahan correction's range, and the
+    radii's half-gap ``sinh``/``cosh`` on both sides of the series cut-off; each within a few float32 ulp."""
+    n = 64
+    c = torch.tensor(
+        [0.0, 1e-45, 1e-38, 1e-30, 1e-20, 1e-12, 1e-7, 3e-4, 0.01, 0.5, 0.99, 1.0, 1.5, 3.0, 10.0]
+        + [10.0**k for k in range(2, 38, 2)]
+        + [2.0**50, 2.0**50 * 1.5],
+        dtype=torch.float32,
+    )
+    c = torch.cat([c, torch.rand(n - len(c), generator=torch.Generator().manual_seed(0)) * 2.0])
+    radii = torch.tensor([0.0, 0.3, 1.0, 2.9, 3.0, 3.1, 4.0, 8.0, 12.0, 20.0], dtype=torch.float32)
+    a = radii.repeat(n // len(radii) + 1)[:n]
+    b = torch.flip(radii, [0]).repeat(n // len(radii) + 1)[:n] + torch.linspace(0.0, 0.01, n)
+    out = torch.empty(6, n)
+    _distance_terms[(1,)](c, a, b, out, N=n)
+    c64, y = c.double(), 0.5 * (a.double() - b.double())
+    want = [
+        torch.log1p(c64 + torch.sqrt(c64 * (2.0 + c64))),  # acosh(1 + c), exact near c = 0
+        torch.sqrt(c64 * (2.0 + c64)),
+        1.0 / torch.sqrt(c64 * (2.0 + c64)),
+        torch.log1p(c64),
+        torch.sinh(y),
+        torch.cosh(y),
+    ]
+    eps = 2.0**-24
+    for name, got, expected in zip(("acosh", "q", "1/q", "log1p", "sinh y", "cosh y"), out.double(), want):
+        finite = torch.isfinite(expected) & (expected.abs() < 3e38)
+        relative = ((got - expected).abs() / expected.abs().clamp_min(1e-300))[finite]
+        assert float(relative.max()) <= 8 * eps, (name, float(relative.max()))
+    assert out[0, 0] == 0.0 and out[1, 0] == 0.0 and torch.isinf(out[2, 0])  # c = 0: the origin's pair
+
+
+def _split(x, parts, bits):
+    """``x`` (float32) as ``parts`` numbers of ``bits`` significant bits (round to nearest) that sum to it."""
+    import numpy as np
+
+    drop = 24 - bits
+    out, rest = [], x.astype(np.float32)
+    for _ in range(parts):
+        raw = rest.view(np.uint32)
+        head = ((raw + np.uint32(1 << (drop - 1))) & np.uint32((0xFFFFFFFF >> drop) << drop)).view(np.float32)
+        out.append(head)
+        rest = (rest - head).astype(np.float32)
+    return out
+
+
+def _tensor_core_products(monkeypatch):
+    """The interpreter's ``tl.dot`` rounded as the tensor cores round it, and the kernels asking for the GPUs'
+    precisions: BF16x6 (each float32 operand split into three bfloat16 parts, the six partial products of order
+    <= 2 summed in float32, smallest first) and TF32x3 (TF32 high and low parts, three products, summed largest
+    first: the less favourable order)."""
+    import functools
+
+    import numpy as np
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    from polar_vit_hf.modeling import triton_attention as T
+
+    plain = interpreter.InterpreterBuilder.create_dot
+    schemes = {
+        ir.INPUT_PRECISION.BF16x6: (3, 8, [(2, 0), (1, 1), (0, 2), (1, 0), (0, 1), (0, 0)]),
+        ir.INPUT_PRECISION.TF32x3: (2, 11, [(0, 0), (0, 1), (1, 0)]),
+    }
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision not in schemes or a.data.dtype != np.float32:
+            return plain(self, a, b, d, input_precision, max_num_imprecise_acc)
+        parts, bits, order = schemes[input_precision]
+        a_parts, b_parts = _split(a.data, parts, bits), _split(b.data, parts, bits)
+        out = np.zeros_like(d.data, dtype=np.float32)
+        for i, j in order:  # (part of a, part of b)
+            out = (out + np.matmul(a_parts[i], b_parts[j])).astype(np.float32)
+        return interpreter.TensorHandle((out + d.data).astype(np.float32), d.dtype.scalar)
+
+    allowed = ("tf32", "tf32x3", "ieee", "bf16x6")
+    options = functools.partial(interpreter.InterpreterOptions, allowed_dot_input_precisions=allowed)
+    monkeypatch.setattr(interpreter.interpreter_builder, "options", options())
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    monkeypatch.setattr(T, "dot_precisions", lambda device: T.DotPrecisions("bf16x6", "tf32x3"))
+
+
+PRODUCT_CASES = [("generic", 12.0), ("aligned", 12.0), ("dominant", 4.0), ("identical", 8.0)]
+
+
+@needs_triton
+@pytest.mark.parametrize("case,rmax", PRODUCT_CASES)
+def test_triton_tensor_core_products_hold_the_float64_tolerances(monkeypatch, case, rmax):
+    """The kernels' products are ``tl.dot`` on the tensor cores of a GPU (BF16x6 for the values, TF32x3 for the
+    chord gradients), which the interpreter computes in float32: rounded here as the tensor cores round them,
+    every float64 check still passes."""
+    _tensor_core_products(monkeypatch)
+    stored = make_inputs(batch=1, heads=2, n_q=19, n_k=23, dim=16, rmax=rmax, case=case, seed=5)
+    check(stored, lambda *a: triton_polar_attention(*a, block_m=16, block_n=16, chords="gram"))
+
+
+@needs_triton
+def test_chord_design_and_product_precision_follow_the_device(monkeypatch):
+    """FP64 tensor cores (A100, H100, H200, B200) take the Gram chords, other GPUs the differences; BF16x6 products
+    from sm_80 on, IEEE float32 before; an unknown design is refused by name."""
+    from polar_vit_hf.modeling import triton_attention as T
+
+    cuda = torch.device("cuda", 0)
+    for capability, chords, dot in [
+        ((9, 0), "gram", ("bf16x6", "tf32x3")),
+        ((8, 0), "gram", ("bf16x6", "tf32x3")),
+        ((10, 0), "gram", ("bf16x6", "tf32x3")),
+        ((8, 6), "difference", ("bf16x6", "tf32x3")),
+        ((8, 9), "difference", ("bf16x6", "tf32x3")),
+        ((12, 0), "difference", ("bf16x6", "tf32x3")),
+        ((7, 5), "difference", ("ieee", "ieee")),
+    ]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert (T.default_chords(cuda), T.dot_precisions(cuda)) == (chords, dot), capability
+    assert T.default_chords(torch.device("cpu")) == "gram"
+    stored = make_inputs(batch=1, heads=1, n_q=4, n_k=4, dim=16)
+    with pytest.raises(ValueError, match="chords='exact'"):
+        triton_polar_attention(*stored, chords="exact")
+
+
+@needs_triton
 def test_triton_block_sizes_are_checked():
     from polar_vit_hf.modeling.triton_attention import launch_config
 
     with pytest.raises(ValueError, match="block_m=8"):
         launch_config("fwd", 16, block_m=8)
     with pytest.raises(ValueError, match="block_n=48"):
-        launch_config("bwd_kv", 16, block_n=48)
-    assert launch_config("bwd_q", 200)["BLOCK_M"] >= 16  # wider than the table: its widest entry
+        launch_config("bwd_dkdv", 16, block_n=48)
+    assert launch_config("bwd_dq", 200)["BLOCK_M"] >= 16  # wider than the table: its widest entry
 
 
 # --------------------------------------------------------------------------------------------
