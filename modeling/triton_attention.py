@@ -165,7 +165,9 @@ def _autotuned(kernel: str, chords: str, head_dim: int) -> Any:
             + ([] if kernel == "fwd" else ["CHORD_DOT"])
             + (["PART"] if kernel == "bwd_dkdv" else [])
         )
-        _AUTOTUNED[key] = triton.autotune(configs=configs, key=keys)(KERNELS[kernel])
+        # bwd_dq writes the corrected row constant over the analytic one it reads: each timed launch restores it
+        restore = ["ROWDOT"] if kernel == "bwd_dq" else None
+        _AUTOTUNED[key] = triton.autotune(configs=configs, key=keys, restore_value=restore)(KERNELS[kernel])
     return _AUTOTUNED[key]
 
 

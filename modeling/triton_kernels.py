@@ -545,7 +545,8 @@ if TRITON_AVAILABLE:
         # The row constant these tiles' own rounding calls for, sum_j p_ij dL/dp_ij, differs from the analytic one
         # by delta = sum_j g_score_ij + row_dot (sum_j p_ij - 1) (a few ulp of the terms): each sum above is linear
         # in the constant, so subtracting delta times its p-sum gives what the exact constant would have; the
-        # key/value kernel, launched after this one, reads the corrected constant.
+        # key/value kernel, launched after this one, reads the corrected constant (written over the analytic one:
+        # the autotuner restores it between timed launches).
         delta = g_score_sum + row_dot * (p_sum - 1.0)
         tl.store(ROWDOT + bh * n_q + offs_m, row_dot + delta, mask=mask_m)
         pq = tl.where(mask_d[None, :], _tile(UQ, offs_m, mask_m, offs_d, mask_d, D) - kbar[None, :], 0.0)

@@ -127,17 +127,29 @@ def test_triton_chord_designs_match_float64(chords, dim, case, rmax):
     check(stored, on_test_device(lambda *a: triton_polar_attention(*a, block_m=16, block_n=16, chords=chords)))
 
 
+HALF_CASES = [
+    *(
+        (torch.bfloat16, chords, dim, case, rmax)
+        for chords in ("gram", "difference")
+        for dim in (16, 64)
+        for case in ("dominant", "aligned")
+        for rmax in (0.0, 4.0, 8.0, 12.0)
+    ),
+    *((torch.float16, chords, 16, "generic", 8.0) for chords in ("gram", "difference")),
+]
+
+
 @needs_triton
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("chords", ["gram", "difference"])
-@pytest.mark.parametrize("case,rmax", [("dominant", 4.0), ("aligned", 12.0), ("generic", 8.0)])
-def test_triton_half_inputs_are_the_float32_kernels_rounded_once(dtype, chords, case, rmax):
+@pytest.mark.parametrize("dtype,chords,dim,case,rmax", HALF_CASES)
+def test_triton_half_inputs_are_the_float32_kernels_rounded_once(dtype, chords, dim, case, rmax):
     """The precision policy: half-precision inputs take the float32 kernels on their exact float32 values; the
-    output and the gradients are those of float32 inputs, each rounded once to the input dtype."""
-    stored = [t.to(dtype) for t in make_inputs(batch=1, heads=2, n_q=19, n_k=23, dim=16, rmax=rmax, case=case)]
+    output and the gradients are those of float32 inputs (checked against float64 above), each rounded once to
+    the input dtype: bfloat16 over the chord designs' matrix of cases, float16 on generic inputs."""
+    inputs = make_inputs(batch=1, heads=2, n_q=19, n_k=23, dim=dim, rmax=rmax, case=case, seed=dim + int(rmax))
+    stored = [t.to(dtype) for t in inputs]
     gen = torch.Generator().manual_seed(1)
     # upstream gradients the half dtype represents exactly, so that both runs receive the same ones
-    w_r, w_u = (torch.randn(*shape, generator=gen).to(dtype).float() for shape in ((1, 2, 19), (1, 2, 19, 16)))
+    w_r, w_u = (torch.randn(*shape, generator=gen).to(dtype).float() for shape in ((1, 2, 19), (1, 2, 19, dim)))
 
     def run(inputs):
         leaves = [t.to(TEST_DEVICE).requires_grad_(True) for t in inputs]
@@ -331,6 +343,21 @@ def test_chord_design_and_product_precision_follow_the_device(monkeypatch):
     stored = make_inputs(batch=1, heads=1, n_q=4, n_k=4, dim=16)
     with pytest.raises(ValueError, match="chords='exact'"):
         triton_polar_attention(*stored, chords="exact")
+
+
+@needs_triton
+def test_triton_autotuning_runs_over_the_launch_table_and_restores_the_row_constant():
+    """On CUDA a launch without user blocks autotunes over its ``LAUNCH_CONFIGS`` list, keyed by the lengths and the
+    compile-time constants; ``bwd_dq``, which writes the corrected softmax row constant over the analytic one it
+    reads, has it restored between timed launches (outputs independent of the autotuner's cache)."""
+    from polar_vit_hf.modeling import triton_attention as T
+
+    for kernel in ("fwd", "bwd_dq", "bwd_dkdv"):
+        tuned = T._autotuned(kernel, "gram", 64)
+        configs = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuned.configs]
+        assert configs == T.configurations(kernel, 64, "gram")
+        assert {"n_q", "n_k", "D", "DOT"} <= set(tuned.keys)
+        assert list(tuned.restore_value or []) == (["ROWDOT"] if kernel == "bwd_dq" else [])
 
 
 @needs_triton
