@@ -28,7 +28,7 @@ from pathlib import Path
 ARCHS = {"sm_90": (90, "sm_90a"), "sm_80": (80, "sm_80")}
 INTEGER_ARGS = ("n_q", "n_k", "heads")
 FLOAT_ARGS = ("sqrt_k", "k_val")
-FLOAT64_ARGS = ("HQ", "HK", "HV")  # the Gram chords' half squared norms
+FLOAT64_ARGS = ("HQ", "HK", "HV", "HHAT")  # the Gram chords' half squared norms
 
 
 def compile_ptx(fn, constexprs: dict, options: dict, arch: str):
