@@ -21,7 +21,7 @@ install: $(SDIST)/.fetched
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,train,triton,spherical,docs]"
+	$(PY) -m pip install --quiet -e ".[test,train,triton,spherical,onnx,docs]"
 	@touch $(STAMP)
 
 $(SDIST)/.fetched: $(STAMP)

@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         line += ["--out", str(out / f"batch{batch}")] + (["--threads", str(args.threads)] if args.threads else [])
         line += [f"--{name}={path}" for name, path in peers.items()]
         step_args = step_time.parser().parse_args(line)
+        step_args.batch = batch
         results = step_time.measure(step_args)
         if results is None:
             return 1

@@ -1,9 +1,9 @@
 """Forward + backward time and peak memory per training step: Euclidean ViT vs ambient vs polar Polar-ViT.
 
-Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--image_size 128] [--batch 128] [--repeats 5]
+Run:  python benchmarks/step_time.py [--preset tiny-cifar] [--image_size 128] [--batch 128 ...] [--repeats 5]
           [--compile] [--device cuda] [--cuda-graph]
           [--models euclidean ambient ambient-reference polar-reference polar polar-chunked] [--interleave]
-          [--autocast bf16] [--inference]
+          [--autocast bf16] [--inference [--models ... polar-warm polar-onnx]]
           [--models ... hypercore hexformer --hypercore DIR --hexformer DIR] [--base REV]
 
 Models: transformers' Euclidean ViT, Polar-ViT in ambient arithmetic (fused layers, ``FusedAmbientOps``; with
@@ -24,12 +24,17 @@ CUDA's ``max_memory_allocated`` counts them; saved bytes: the distinct non-param
 autograd keeps for backward, counted with ``torch.autograd.graph.saved_tensors_hooks``); times are
 the median of ``--repeats`` steps after ``--warmup`` steps; ratios are taken within this one run
 (``--interleave``: all models stay alive and step in turns, and the time ratios are the medians of the
-per-round ratios, robust to the machine's speed drifting during the run).  The
+per-round ratios, robust to the machine's speed drifting during the run); several ``--batch`` sizes are timed one
+after another, each in fresh processes, with a table each.  The
 Euclidean model is
 transformers' ``ViTForImageClassification`` with the same depth, width, MLP width, heads and patch
 size.  ``--autocast bf16`` runs every model's step under ``torch.autocast`` (Polar-ViT: the mixed-precision policy,
 Polar-FC products in bf16; the ViT: every linear layer in bf16).  ``--inference`` times eval-mode forward passes
-under ``torch.no_grad`` (how pipelines and ``Trainer.evaluate`` run a model) instead of training steps.
+under ``torch.no_grad`` (how pipelines and ``Trainer.evaluate`` run a model) instead of training steps, with two
+more models: ``polar-warm``, the default model after its documented warm-up (``model.compile_cpu_kernels()``, done
+before the first timed call: the "first call" column is then a server's first request), and ``polar-onnx``, the
+model exported to ONNX (``polar_vit_hf.deploy.export_onnx``, kept in ``--out`` per source digest) run by ONNX
+Runtime with ``--threads`` threads.
 ``--base REV`` (a git revision or a source tree) times every Polar-ViT model of ``--models`` a second time from that
 source (a temporary ``git worktree``), in the same run: with ``--interleave`` each model and its ``REV`` twin step
 in turns, and the change's effect is the median of the per-round ratios (run ``--base HEAD`` to see the
@@ -72,6 +77,8 @@ MODELS = (
     "euclidean-compiled",
     "polar-regional",
     "euclidean-regional",
+    "polar-warm",
+    "polar-onnx",
     "hypercore",
     "hexformer",
 )
@@ -88,6 +95,8 @@ LABELS = {
     "euclidean-compiled": "Euclidean ViT, torch.compile(model)",
     "polar-regional": "Polar-ViT, polar, compiled blocks",
     "euclidean-regional": "Euclidean ViT, compiled blocks",
+    "polar-warm": "Polar-ViT, after compile_cpu_kernels()",
+    "polar-onnx": "Polar-ViT, ONNX Runtime",
     "hypercore": "HyperCore LViT (ambient Lorentz)",
     "hexformer": "HexFormer (Lorentz ViT)",
 }
@@ -95,6 +104,7 @@ LABELS = {
 
 PEERS = ("hypercore", "hexformer")  # the public Lorentz ViTs (benchmarks/peers.py): never timed from --base
 BASE = "@base"  # suffix of a model timed from the --base source tree
+INFERENCE_ONLY = ("polar-warm", "polar-onnx")  # models timed with --inference only
 CSV_FIELDS = ("params", "tokens", "median_s", "peak_growth_mib", "peak_tensor_mib", "saved_mib", "first_step_s")
 PACKAGE_FOLDERS = ("modeling", "training", "conversion", "benchmarks")  # mapped into polar_vit_hf (setup.cfg)
 
@@ -167,9 +177,10 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    args.batch = args.batches[0]
     config = P.PolarViTConfig.from_preset(args.preset, num_labels=100)
     config.image_size = args.image_size or config.image_size  # the patch grid, so the tokens: long sequences
-    name = args.model.removesuffix("-compiled").removesuffix("-regional")
+    name = args.model.removesuffix("-compiled").removesuffix("-regional").removesuffix("-warm").removesuffix("-onnx")
     if name == "euclidean":
         model = euclidean_vit(config)
     elif args.model in PEERS:
@@ -190,6 +201,10 @@ def worker(args: argparse.Namespace) -> None:
     pixels = torch.randn(args.batch, config.num_channels, config.image_size, config.image_size, device=device)
     labels = torch.randint(0, 100, (args.batch,), device=device)
     step_fn = torch.compile(model) if args.compile or args.model.endswith("-compiled") else model
+    if args.model == "polar-warm":  # the documented warm-up of a server, before its first request
+        model.compile_cpu_kernels()
+    if args.model == "polar-onnx":
+        step_fn = onnx_session(model, Path(args.out), args.threads)
     if args.model.endswith("-regional"):  # the training scripts' --compile: each repeated block compiled in place
         from polar_vit_hf.training.compilation import compile_regions
 
@@ -252,6 +267,24 @@ def worker(args: argparse.Namespace) -> None:
             }
         )
     )
+
+
+def onnx_session(model, out: Path, threads: int) -> Callable:
+    """``model`` exported to ONNX once per preset and source (``out/onnx/``), as a function of ``pixel_values``
+    run by an ONNX Runtime session with ``threads`` threads."""
+    import onnxruntime as ort
+
+    from polar_vit_hf.deploy import ONNX_INPUT, export_onnx
+    from polar_vit_hf.modeling.cpu_kernels import source_digest
+
+    config = model.config
+    path = out / "onnx" / f"{config.num_hidden_layers}x{config.hidden_size}-{config.image_size}-{source_digest()}.onnx"
+    if not path.exists():
+        export_onnx(model, path.with_suffix(".partial.onnx")).rename(path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads, options.log_severity_level = threads, 1, 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda pixel_values, **_: session.run(None, {ONNX_INPUT: pixel_values.numpy()})
 
 
 def graphed_step(
@@ -351,7 +384,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--image_size", type=int, help="images of this size instead of the preset's (more patches: longer sequences)"
     )
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--batch", type=int, nargs="+", default=[128], dest="batches", help="one table per size")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="steps before timing (at least 1)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -425,29 +458,47 @@ def main(argv: list[str] | None = None) -> int:
         if name in PEERS and not getattr(args, name):
             print(f"--models {name} needs --{name} DIR (a checkout of the peer's repository)", file=sys.stderr)
             return 2
-    if args.base:
-        try:
-            with source_tree(args.base) as tree:
-                args.source_tree = tree
-                results = measure(args)
-        except ValueError as error:
-            print(error, file=sys.stderr)
+        if name in INFERENCE_ONLY and not args.inference:
+            print(f"--models {name} is an inference model: add --inference", file=sys.stderr)
             return 2
-    else:
-        results = measure(args)
-    if results is None:
-        return 1
-    report(results, args)
+    tables = {}
+    for batch in args.batches:
+        args.batch = batch
+        if args.base:
+            try:
+                with source_tree(args.base) as tree:
+                    args.source_tree = tree
+                    results = measure(args)
+            except ValueError as error:
+                print(error, file=sys.stderr)
+                return 2
+        else:
+            results = measure(args)
+        if results is None:
+            return 1
+        report(results, args)
+        tables[batch] = results
+    write_tables(tables, args)
+    return 0
+
+
+def write_tables(tables: dict[int, dict], args: argparse.Namespace) -> None:
+    """``step_time.csv`` (a row per batch size and model) and a plot per batch size (``step_time.png``, or
+    ``step_time_b<N>.png`` for several sizes)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "step_time.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["model", *CSV_FIELDS])
-        for name in results:
-            writer.writerow([name, *(results[name][key] for key in CSV_FIELDS)])
-    plot(results, {name: label(name, args) for name in results}, out / "step_time.png", args)
-    print(f"wrote {out / 'step_time.csv'} and {out / 'step_time.png'}")
-    return 0
+        writer.writerow(["batch", "model", *CSV_FIELDS])
+        for batch, results in tables.items():
+            for name in results:
+                writer.writerow([batch, name, *(results[name][key] for key in CSV_FIELDS)])
+    for batch, results in tables.items():
+        args.batch = batch
+        path = out / ("step_time.png" if len(tables) == 1 else f"step_time_b{batch}.png")
+        plot(results, {name: label(name, args) for name in results}, path, args)
+        print(f"wrote {path}")
+    print(f"wrote {out / 'step_time.csv'}")
 
 
 def timed_models(args: argparse.Namespace) -> list[str]:
@@ -458,14 +509,14 @@ def timed_models(args: argparse.Namespace) -> list[str]:
 
 def worker_command(args: argparse.Namespace, name: str) -> list[str]:
     """The command line of the subprocess that times ``name`` (a ``--base`` twin: from the base source tree)."""
-    model = name.removesuffix(BASE)
-    line = [sys.executable, __file__, "--model", model, "--preset", args.preset, "--batch", str(args.batch)]
+    model, batch = name.removesuffix(BASE), getattr(args, "batch", args.batches[0])
+    line = [sys.executable, __file__, "--model", model, "--preset", args.preset, "--batch", str(batch)]
     line += ["--image_size", str(args.image_size)] if args.image_size else []
     line += ["--source", str(args.source_tree)] if name.endswith(BASE) else []
     line += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     line += ["--device", args.device, "--round_warmup", str(args.round_warmup), "--autocast", args.autocast]
     line += [f"--{peer}={getattr(args, peer)}" for peer in PEERS if getattr(args, peer)]
-    line += ["--inference"] if args.inference else []
+    line += ["--inference", "--out", args.out] if args.inference else []
     line += ["--cuda-graph"] if args.cuda_graph else []
     return line + (["--compile"] if args.compile else []) + (["--serve"] if args.interleave else [])
 
@@ -512,7 +563,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
     first_peak = "peak RSS growth" if args.device == "cpu" else "first-step peak"  # CUDA: allocated bytes
     print(
         f"{'model':<40} {'params':>10} {'time / step':>12} {'vs ViT':>7} {first_peak:>16} {'vs ViT':>7} "
-        f"{'peak tensors':>13} {'vs ViT':>7} {'saved for bwd':>14} {'vs ViT':>7} {'first step':>11}"
+        f"{'peak tensors':>13} {'vs ViT':>7} {'saved for bwd':>14} {'vs ViT':>7} {'first step':>11} {'/ median':>9}"
     )
     euclid = results.get("euclidean")
     ratio = lambda name, key: (  # noqa: E731
@@ -528,7 +579,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
             f"{label(name, args):<40} {r['params']:>10,} {r['median_s'] * 1e3:>9.0f} ms {ratio(name, 'median_s')} "
             f"{r['peak_growth_mib']:>12.0f} MiB {ratio(name, 'peak_growth_mib')} "
             f"{r['peak_tensor_mib']:>9.0f} MiB {ratio(name, 'peak_tensor_mib')} "
-            f"{r['saved_mib']:>10.0f} MiB {ratio(name, 'saved_mib')} {r['first_step_s']:>9.1f} s"
+            f"{r['saved_mib']:>10.0f} MiB {ratio(name, 'saved_mib')} {r['first_step_s']:>9.3f} s "
+            f"{r['first_step_s'] / r['median_s']:>8.1f}x"
         )
     if args.interleave and euclid:
         print(

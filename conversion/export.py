@@ -1,7 +1,7 @@
 """Export a Polar-ViT training result to a Hub-ready folder.
 
 Run:  python conversion/export.py SOURCE OUT_DIR [--repo_id ORG/NAME] [--config config.json]
-                                  [--max_shard_size 2GB] [--allow-pickle]
+                                  [--max_shard_size 2GB] [--allow-pickle] [--onnx]
 
 SOURCE may be
 * a ``save_pretrained`` folder or a ``Trainer`` output dir (``config.json`` + safetensors weights);
@@ -14,7 +14,9 @@ OUT_DIR receives safetensors weights (sharded above ``--max_shard_size``), ``con
 ``architectures`` and an ``auto_map`` for ``AutoConfig``, ``AutoModel`` and
 ``AutoModelForImageClassification``, ``preprocessor_config.json`` with its ``AutoImageProcessor``
 ``auto_map``, the ``modeling/`` source files, and a ``README.md`` model card rendered from
-the package's model-card template (metrics from the run's ``metrics.csv`` when present).
+the package's model-card template (metrics from the run's ``metrics.csv`` when present); with ``--onnx`` also
+``model.onnx``, the classifier's logits with a dynamic batch axis (``polar_vit_hf.deploy.export_onnx``), which
+``verify.py`` checks against PyTorch with ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -248,6 +250,7 @@ def export(
     which: str = "last",
     dataset: str | None = None,
     split: str | None = None,
+    onnx: bool = False,
 ) -> Path:
     import polar_vit_hf as P
     from polar_vit_hf.model_card import render_model_card
@@ -272,7 +275,21 @@ def export(
         base_model_revision=revision,
     )
     card.save(out_dir / "README.md")
+    if onnx:
+        write_onnx(model, out_dir)
     return out_dir
+
+
+def write_onnx(model, out_dir: Path) -> Path:
+    """``out_dir/model.onnx`` (:func:`polar_vit_hf.deploy.export_onnx`); a missing exporter is a user error."""
+    from polar_vit_hf.deploy import ONNX_FILE, export_onnx
+
+    try:
+        import onnxscript  # noqa: F401 - torch's ONNX exporter translates with it
+    except ImportError as error:
+        raise ExportError(f'--onnx needs the ONNX exporter: pip install "polar-vit-hf[onnx]" ({error})') from None
+    print(f"writing {ONNX_FILE} (torch.export, then ONNX; a minute or more for a 12-layer model)", flush=True)
+    return export_onnx(model.float(), out_dir / ONNX_FILE)
 
 
 @command("polar-vit-export")
@@ -290,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--split", help="split the recorded accuracy was measured on (default: the run's evaluated split)"
     )
+    parser.add_argument("--onnx", action="store_true", help="also write model.onnx (dynamic batch axis)")
     args = parser.parse_args(argv)
     out = export(
         args.source,
@@ -301,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         args.which,
         args.dataset,
         args.split,
+        args.onnx,
     )
     print(f"exported to {out}: {sorted(p.name for p in out.iterdir())}")
     return 0

@@ -13,8 +13,10 @@ Run:  python conversion/verify.py DIR [--source SOURCE] [--tolerance 1e-5]
 
 Both must reproduce the reference logits within ``--tolerance`` (max absolute difference; the same
 weights and the same code on the same machine give 0) and return labels of the model's
-``id2label``.  Prints a report; exits 1 on any mismatch.  On success it writes
-``DIR/.polar_vit_verified.json`` with the SHA-256 of every file, which ``push.py`` requires.
+``id2label``.  Where DIR holds ``model.onnx`` (``export.py --onnx``), ONNX Runtime's logits on the same
+batch must equal the reference within ``--onnx_tolerance`` relative to the largest logit.  Prints a report;
+exits 1 on any mismatch.  On success it writes ``DIR/.polar_vit_verified.json`` with the SHA-256 of every
+file, which ``push.py`` requires.
 
 With a Hub repo id as the target (after ``push.py``), the subprocesses download it into an empty
 cache from the endpoint in ``HF_ENDPOINT`` (token from ``HF_TOKEN`` / ``hf auth login``), the
@@ -40,6 +42,7 @@ import numpy as np
 import torch
 
 from polar_vit_hf.cli import UserError, add_debug_flag, command
+from polar_vit_hf.deploy import ONNX_FILE
 
 MARKER = ".polar_vit_verified.json"
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -149,8 +152,28 @@ def check_export_folder(folder: Path) -> None:
         )
 
 
+def check_onnx(path: Path, pixel_values: torch.Tensor, reference: torch.Tensor, tolerance: float) -> bool:
+    """ONNX Runtime's logits of ``path`` against ``reference``, relative to the largest reference logit."""
+    from polar_vit_hf.deploy import onnx_logits
+
+    name = "ONNX Runtime (model.onnx)"
+    try:
+        logits = torch.from_numpy(onnx_logits(path, pixel_values.float()))
+    except Exception as error:  # noqa: BLE001 - any runtime failure is a failed check, reported
+        print(f"  {name:<32} FAILED to run: {type(error).__name__}: {str(error)[:300]}")
+        return False
+    relative = float((logits - reference.float()).abs().max() / reference.abs().max().clamp_min(1e-30))
+    passed = relative <= tolerance
+    print(f"  {name:<32} max |logits diff| / max |logit| {relative:.2e}  {'ok' if passed else 'MISMATCH'}")
+    return passed
+
+
 def verify(
-    target: Path | str, source: Path | None = None, tolerance: float = 1e-5, revision: str | None = None
+    target: Path | str,
+    source: Path | None = None,
+    tolerance: float = 1e-5,
+    revision: str | None = None,
+    onnx_tolerance: float = 1e-5,
 ) -> bool:
     """Load ``target`` (an export folder, or a pushed repo id with ``source``) both ways; see the module doc."""
     import polar_vit_hf as P
@@ -212,6 +235,8 @@ def verify(
                 f"  {name:<32} max |logits diff| {diff:.2e}  pipeline labels {result['labels'][:3]}...  "
                 f"module {result['module']}  {'ok' if passed else 'MISMATCH'}"
             )
+    if not from_hub and (folder / ONNX_FILE).exists():
+        ok &= check_onnx(folder / ONNX_FILE, pixel_values, reference, onnx_tolerance)
     if ok and not from_hub:
         (folder / MARKER).write_text(json.dumps({"tolerance": tolerance, "files": folder_digest(folder)}, indent=2))
         print(f"verified: wrote {folder / MARKER}")
@@ -226,13 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, help="the checkpoint (or, for a repo id, the folder) it came from")
     parser.add_argument("--revision", help="branch or commit of a Hub repo")
     parser.add_argument("--tolerance", type=float, default=1e-5)
+    parser.add_argument("--onnx_tolerance", type=float, default=1e-5, help="relative, for model.onnx")
     args = parser.parse_args(argv)
     target = args.target if is_repo_id(args.target) else Path(args.target)
     if isinstance(target, Path) and not target.is_dir():
         parser.error(f"{target} is neither a folder nor a Hub repo id (namespace/name)")
     if isinstance(target, str) and args.source is None:
         parser.error(f"verifying the Hub repo {target} needs --source, the folder that was pushed")
-    return 0 if verify(target, args.source, args.tolerance, args.revision) else 1
+    return 0 if verify(target, args.source, args.tolerance, args.revision, args.onnx_tolerance) else 1
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import contextlib
 import enum
 import functools
 import hashlib
+import logging
 import os
 import sys
 import threading
@@ -89,6 +90,7 @@ __all__ = [
     "save_with_record",
     "saved_with_record",
     "set_cpu_kernels",
+    "source_digest",
     "static_last_sizes",
     "sum_dims",
 ]
@@ -103,6 +105,25 @@ DOUBLE_BACKWARD_MESSAGE = (
 _COMPILED: dict[tuple[Callable, str], Callable] = {}
 _NOTHING_AT_HAND: set[tuple] = set()  # (function, size, inference, threads) of calls with no variant at hand
 MATCHED_SIGNATURES = 64  # call signatures per kernel whose matching variant is remembered (PersistentKernel)
+NO_CUDA_NOTICE = "No CUDA runtime is found"  # torch's C++ extension loader, when a CPU kernel compiles
+
+
+class _WithoutNoCudaNotice(logging.Filter):
+    """Drops torch's notice that no CUDA runtime is found (printed when inductor compiles a C++ kernel on a machine
+    without a GPU): a CPU kernel needs none, and the notice reads as an error to a CPU-only user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:  # noqa: D102
+        return not record.getMessage().startswith(NO_CUDA_NOTICE)
+
+
+def _quiet_cpu_compiles() -> None:
+    """Install :class:`_WithoutNoCudaNotice` on the logger of ``torch.utils.cpp_extension`` (once)."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _WithoutNoCudaNotice) for f in logger.filters):
+        logger.addFilter(_WithoutNoCudaNotice())
+
+
+_quiet_cpu_compiles()
 
 
 def set_cpu_kernels(enabled: bool) -> None:
@@ -168,7 +189,8 @@ def kernel_use(like: Tensor, elements: int | None = None) -> KernelUse | None:
     ``cpu_kernels`` is on, :attr:`KernelUse.COMPILE` from ``kernel_min_elements`` elements in the call's largest
     tensors (``like``, or ``elements`` where those are temporaries, as the attention's pairs), below it
     :attr:`KernelUse.AT_HAND` where ``kernels_at_hand`` is on (a model's gradient-free passes), else ``None``
-    (eager: a compile would cost more than the call saves)."""
+    (eager: a compile would cost more than the call saves); a large call too is :attr:`KernelUse.AT_HAND` where
+    ``kernel_compiles`` is off (a model's gradient-free passes: no compile behind a request)."""
     options = runtime_options()
     device = like.device.type
     if not (
@@ -179,7 +201,7 @@ def kernel_use(like: Tensor, elements: int | None = None) -> KernelUse | None:
     ):
         return None
     if device == "cuda" or (like.numel() if elements is None else elements) >= options.kernel_min_elements:
-        return KernelUse.COMPILE
+        return KernelUse.COMPILE if options.kernel_compiles or device == "cuda" else KernelUse.AT_HAND
     return KernelUse.AT_HAND if options.kernels_at_hand else None
 
 
@@ -470,7 +492,7 @@ def call_signature(args: tuple) -> tuple | None:
 
 
 @functools.cache
-def _source_digest() -> str:
+def source_digest() -> str:
     """Digest of this package's source files: a kernel compiled from other code is never loaded."""
     digest = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):
@@ -488,7 +510,7 @@ def _variants_folder(fn: Callable, threads: int, device: str = "cpu") -> Path | 
         return None
     where = threads if device == "cpu" else _device_tag(device)
     options = compile_options(fn, device)
-    key = hashlib.sha256(f"{_source_digest()}|{name}|{options}|{where}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{source_digest()}|{name}|{options}|{where}".encode()).hexdigest()[:24]
     return root / key
 
 

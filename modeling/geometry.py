@@ -252,6 +252,8 @@ class _PairwiseChord(torch.autograd.Function):
         batch = torch.broadcast_shapes(u.shape[:-2], v.shape[:-2])
         ue = u.expand(*batch, *u.shape[-2:])
         ve = v.expand(*batch, *v.shape[-2:])
+        if torch.compiler.is_exporting():  # exported graphs: the same differences as broadcasts (ONNX has no cdist)
+            return chord(ue.unsqueeze(-2), ve.unsqueeze(-3))
         # cdist's difference form: ||u_i - v_j|| from the exact differences, fused, nothing stored
         dist = torch.cdist(ue, ve, compute_mode="donot_use_mm_for_euclid_dist")
         return 0.5 * dist.square()

@@ -290,8 +290,9 @@ class PolarViTEmbeddings(nn.Module):
             if table is not None:
                 init.trunc_normal_(table, std=self.config.initializer_range)
 
-    def positions(self, grid: tuple[int, int], dtype: torch.dtype) -> Tensor | None:
-        """Position table for ``grid``; learned tables are bicubically interpolated when asked to."""
+    def positions(self, grid: tuple[int, int], dtype: torch.dtype, traced_sizes: bool = False) -> Tensor | None:
+        """Position table for ``grid``; learned tables are bicubically interpolated when asked to (``traced_sizes``:
+        always, as an exported graph of any image size must; at the table's own size that is the identity)."""
         kind = self.config.position_embedding
         if kind in ("none", "hypformer"):
             return None
@@ -300,7 +301,7 @@ class PolarViTEmbeddings(nn.Module):
             return sincos_positions(self.config.hidden_size, grid)[None].to(device=device, dtype=dtype)
         table: Tensor | None = self.position_embeddings
         assert table is not None  # position_embedding="learned"
-        if grid != self.grid:
+        if traced_sizes or grid != self.grid:
             n = table.shape[-1]
             image = table.reshape(1, *self.grid, n).permute(0, 3, 1, 2)
             image = F.interpolate(image, size=grid, mode="bicubic", align_corners=False)
@@ -327,14 +328,15 @@ class PolarViTEmbeddings(nn.Module):
         batch, channels, height, width = pixel_values.shape
         size = self.patch_size
         grid = (height // size, width // size)
-        if grid != self.grid and not interpolate_pos_encoding and self.config.position_embedding == "learned":
+        if not interpolate_pos_encoding and self.config.position_embedding == "learned" and grid != self.grid:
             raise ValueError(
                 f"Input image size ({height}*{width}) doesn't match model ({self.config.image_size}*"
                 f"{self.config.image_size}); resize the image or pass interpolate_pos_encoding=True"
             )
         patches = pixel_values.reshape(batch, channels, grid[0], size, grid[1], size)
         patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(batch, grid[0] * grid[1], -1)
-        tokens, num_prefix = self.embed(patches, self.positions(grid, patches.dtype), ops)
+        traced_sizes = interpolate_pos_encoding and torch.compiler.is_exporting()
+        tokens, num_prefix = self.embed(patches, self.positions(grid, patches.dtype, traced_sizes), ops)
         return tokens, grid, num_prefix
 
 

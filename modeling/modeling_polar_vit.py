@@ -453,7 +453,7 @@ class PolarViTPreTrainedModel(PreTrainedModel):
                 module.kernels_for_inference = True
         self.eval()
         try:
-            with use_runtime_options(kernel_min_elements=0):
+            with use_runtime_options(kernel_min_elements=0, kernel_compiles=True):
                 for batch in batch_sizes:
                     pixels = torch.randn(batch, config.num_channels, *sample, generator=generator)
                     pixels = pixels.to(device=weight.device, dtype=weight.dtype)
@@ -532,10 +532,13 @@ class PolarViTModel(PolarViTPreTrainedModel):
         # off inside; inputs were checked once above, the geometry functions run without their per-call checks
         compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         unautocast = torch.autocast(device_type=pixel_values.device.type, enabled=False)
-        # after compile_cpu_kernels(), a gradient-free pass (evaluation, pipelines) runs the compiled kernels at every
-        # size; otherwise what runs never depends on what the kernel cache holds
-        at_hand = runtime_options().kernels_at_hand or (self.kernels_for_inference and not torch.is_grad_enabled())
-        with unautocast, use_runtime_options(input_checks=False, kernels_at_hand=at_hand):
+        # a gradient-free pass (evaluation, pipelines, a server's request) never compiles a kernel: from
+        # kernel_min_elements it runs a variant at hand, else eagerly; after compile_cpu_kernels() (the warm-up)
+        # it does so at every size
+        options, training = runtime_options(), torch.is_grad_enabled()
+        at_hand = options.kernels_at_hand or (self.kernels_for_inference and not training)
+        compiles = options.kernel_compiles and training
+        with unautocast, use_runtime_options(input_checks=False, kernels_at_hand=at_hand, kernel_compiles=compiles):
             hidden, positions, num_prefix = self.embeddings(
                 pixel_values.to(compute_dtype), ops, bool(interpolate_pos_encoding)
             )

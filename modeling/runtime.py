@@ -57,6 +57,9 @@ class RuntimeOptions:
             saved in the kernel cache for its kind of arguments) and never compiles one; the model turns it on for
             its gradient-free passes (``no_grad``, ``inference_mode``: evaluation and pipelines, where a single
             image stays below the size), whose variants ``model.compile_cpu_kernels()`` compiles once per machine.
+        kernel_compiles: a call from ``kernel_min_elements`` may compile a variant when none at hand accepts it;
+            the model turns it off in its gradient-free passes, so that no request of a server waits for a compile
+            (such a call runs a variant at hand, else eagerly; ``model.compile_cpu_kernels()`` is the warm-up).
     """
 
     cpu_kernels: bool = True
@@ -66,6 +69,7 @@ class RuntimeOptions:
     chunked_min_tokens: int = 1024
     input_checks: bool = True
     kernels_at_hand: bool = False
+    kernel_compiles: bool = True
 
     @classmethod
     def from_environment(cls) -> RuntimeOptions:

@@ -187,6 +187,12 @@ def distance_slope(s_sq: Tensor, asinh_s: Tensor, root: Tensor) -> Tensor:
     return 2.0 * slope / root
 
 
+def signed_like(magnitude: Tensor, x: Tensor) -> Tensor:
+    """``magnitude >= 0`` with the sign of ``x`` (``copysign`` up to the sign of zero): a selection, which every
+    exporter translates (ONNX has no ``signbit``)."""
+    return torch.where(x < 0, -magnitude, magnitude)
+
+
 def sinh_cosh(x: Tensor) -> tuple[Tensor, Tensor]:
     """``(sinh x, cosh x)`` from one ``expm1``: with ``t = e^{|x|} - 1 >= 0`` and ``q = e^{-|x|} = 1/(1 + t)``,
 
@@ -196,7 +202,7 @@ def sinh_cosh(x: Tensor) -> tuple[Tensor, Tensor]:
     """
     t = torch.expm1(x.abs())
     q = torch.reciprocal(t + 1.0)
-    return torch.copysign(0.5 * t * (1.0 + q), x), 0.5 * (t + 1.0 + q)
+    return signed_like(0.5 * t * (1.0 + q), x), 0.5 * (t + 1.0 + q)
 
 
 def sinh_cosh_smooth(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -223,7 +229,7 @@ def cosh_minus_one(x: Tensor) -> tuple[Tensor, Tensor]:
     """
     t = torch.expm1(x.abs())
     q = torch.reciprocal(t + 1.0)
-    return 0.5 * t * (t * q), torch.copysign(0.5 * t * (1.0 + q), x)
+    return 0.5 * t * (t * q), signed_like(0.5 * t * (1.0 + q), x)
 
 
 def difference_series_below() -> float:

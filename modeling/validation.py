@@ -160,7 +160,7 @@ def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> N
         f"normalise the images first, e.g. with {processor} (do_rescale=True, do_normalize=True), so pixel values "
         "are of order 1"
     )
-    largest = patch_rms.amax()  # NaN where a value is NaN, inf where one is infinite
+    largest = patch_rms.flatten().amax(0)  # NaN where a value is NaN, inf where one is infinite (ONNX: one axis)
     if pixel_values.device.type != "cpu" or torch.compiler.is_compiling():
         # a device-side assertion: the host never waits for the device's answer (no sync, CUDA graphs capture it)
         message = f"pixel_values contain NaN or Inf values, or a {patch} RMS above {PATCH_RADIUS_LIMIT:g} "

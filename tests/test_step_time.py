@@ -113,6 +113,27 @@ def test_inference_times_forward_passes_and_saves_nothing_for_backward(tmp_path,
     assert all(float(row["peak_tensor_mib"]) > 0 for row in table.values())
 
 
+def test_inference_times_the_onnx_export_per_batch_size_and_the_first_call(tmp_path, capsys):
+    """``--inference`` with several ``--batch`` sizes: a table each (with the first call over the median), one CSV
+    row per size and model, a plot per size; ``polar-onnx`` exports once and runs ONNX Runtime; the inference-only
+    models are refused for training steps."""
+    from polar_vit_hf.benchmarks import step_time
+
+    argv = ["--preset", "demo", "--models", "euclidean", "polar-onnx", "--repeats", "1", "--warmup", "1"]
+    argv += ["--threads", "1", "--inference", "--batch", "1", "3", "--out", str(tmp_path)]
+    assert step_time.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "batch 1, inference" in out and "batch 3, inference" in out and "Polar-ViT, ONNX Runtime" in out
+    with open(tmp_path / "step_time.csv") as handle:
+        rows = [(row["batch"], row["model"]) for row in csv.DictReader(handle)]
+    assert rows == [("1", "euclidean"), ("1", "polar-onnx"), ("3", "euclidean"), ("3", "polar-onnx")]
+    assert len(list((tmp_path / "onnx").glob("*.onnx"))) == 1  # exported once, by the first worker
+    assert all((tmp_path / f"step_time_b{batch}.png").stat().st_size > 0 for batch in (1, 3))
+    for model in step_time.INFERENCE_ONLY:
+        assert step_time.main(["--models", model]) == 2
+        assert "is an inference model: add --inference" in capsys.readouterr().err
+
+
 def test_cuda_graph_replays_are_refused_without_a_gpu_and_reach_every_worker(capsys):
     from polar_vit_hf.benchmarks import step_time
 
