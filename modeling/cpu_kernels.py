@@ -190,7 +190,7 @@ def kernel_use(like: Tensor, elements: int | None = None) -> KernelUse | None:
     tensors (``like``, or ``elements`` where those are temporaries, as the attention's pairs), below it
     :attr:`KernelUse.AT_HAND` where ``kernels_at_hand`` is on (a model's gradient-free passes), else ``None``
     (eager: a compile would cost more than the call saves); a large call too is :attr:`KernelUse.AT_HAND` where
-    ``kernel_compiles`` is off (a model's gradient-free passes: no compile behind a request)."""
+    ``kernel_compiles`` is off (a model's gradient-free passes after its warm-up: no compile behind a request)."""
     options = runtime_options()
     device = like.device.type
     if not (

@@ -532,12 +532,12 @@ class PolarViTModel(PolarViTPreTrainedModel):
         # off inside; inputs were checked once above, the geometry functions run without their per-call checks
         compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         unautocast = torch.autocast(device_type=pixel_values.device.type, enabled=False)
-        # a gradient-free pass (evaluation, pipelines, a server's request) never compiles a kernel: from
-        # kernel_min_elements it runs a variant at hand, else eagerly; after compile_cpu_kernels() (the warm-up)
-        # it does so at every size
-        options, training = runtime_options(), torch.is_grad_enabled()
-        at_hand = options.kernels_at_hand or (self.kernels_for_inference and not training)
-        compiles = options.kernel_compiles and training
+        # after compile_cpu_kernels() (a server's warm-up) a gradient-free pass (evaluation, pipelines, a request)
+        # runs the variants at hand at every size and never compiles one; otherwise what runs never depends on what
+        # the kernel cache holds
+        options = runtime_options()
+        serving = self.kernels_for_inference and not torch.is_grad_enabled()
+        at_hand, compiles = options.kernels_at_hand or serving, options.kernel_compiles and not serving
         with unautocast, use_runtime_options(input_checks=False, kernels_at_hand=at_hand, kernel_compiles=compiles):
             hidden, positions, num_prefix = self.embeddings(
                 pixel_values.to(compute_dtype), ops, bool(interpolate_pos_encoding)

@@ -58,8 +58,8 @@ class RuntimeOptions:
             its gradient-free passes (``no_grad``, ``inference_mode``: evaluation and pipelines, where a single
             image stays below the size), whose variants ``model.compile_cpu_kernels()`` compiles once per machine.
         kernel_compiles: a call from ``kernel_min_elements`` may compile a variant when none at hand accepts it;
-            the model turns it off in its gradient-free passes, so that no request of a server waits for a compile
-            (such a call runs a variant at hand, else eagerly; ``model.compile_cpu_kernels()`` is the warm-up).
+            the model turns it off in its gradient-free passes after ``model.compile_cpu_kernels()`` (a server's
+            warm-up), so that no request waits for a compile: such a call runs a variant at hand, else eagerly.
     """
 
     cpu_kernels: bool = True

@@ -78,6 +78,26 @@ def test_verify_checks_the_onnx_model_and_catches_a_mismatch(onnx_folder, digits
     assert "FAILED to run" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_the_documented_request_handler_classifies_photographs_as_pytorch_does(onnx_folder):
+    """docs/deploy.md's handler: the exported image processor (NumPy arrays) and an ONNX Runtime session."""
+    import onnxruntime as ort
+    from PIL import Image
+
+    from polar_vit_hf.conversion.verify import sample_images
+
+    processor = P.PolarViTImageProcessor.from_pretrained(onnx_folder)
+    session = ort.InferenceSession(str(onnx_folder / ONNX_FILE), providers=["CPUExecutionProvider"])
+    images = [Image.fromarray(image) for image in sample_images()]
+    pixel_values = processor(images=images, return_tensors="np")["pixel_values"]
+    (logits,) = session.run(["logits"], {"pixel_values": pixel_values})
+    model = P.PolarViTForImageClassification.from_pretrained(onnx_folder).eval()
+    with torch.no_grad():
+        expected = model(pixel_values=torch.from_numpy(pixel_values)).logits
+    assert relative_error(logits, expected) <= 1e-5
+    assert torch.equal(torch.from_numpy(logits).argmax(-1), expected.argmax(-1))
+
+
 class _Functions(torch.nn.Module):
     """The elementary functions of the stable formulas, as an exported graph holds them."""
 
@@ -152,26 +172,34 @@ def test_dynamic_image_sizes_are_refused_where_the_config_has_one_size():
         export_program(P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo")), ExportSpec(0))
 
 
-def test_a_gradient_free_pass_never_compiles_a_kernel():
-    """The model's forward turns ``kernel_compiles`` off where it records no gradients (a request): a call of any
-    size then runs a variant at hand or eagerly; training passes may compile."""
+def test_after_the_warm_up_a_gradient_free_pass_never_compiles_a_kernel():
+    """After ``compile_cpu_kernels()`` (the warm-up) the model's forward turns ``kernel_compiles`` off where it
+    records no gradients (a request): a call of any size runs a variant at hand or eagerly. Before it, and in
+    training passes, large calls compile as they did (what runs never depends on the kernel cache's state)."""
     config = P.PolarViTConfig.from_preset("demo", num_hidden_layers=1)
     model = P.PolarViTForImageClassification(config)
     seen = []
     model.polar_vit.norm.register_forward_hook(lambda *_: seen.append(runtime_options().kernel_compiles))
     pixels = example_pixels(config, 2)
-    with torch.no_grad():
+
+    def passes() -> None:
+        with torch.no_grad():
+            model(pixel_values=pixels)
+        with torch.inference_mode():
+            model(pixel_values=pixels)
         model(pixel_values=pixels)
-    with torch.inference_mode():
-        model(pixel_values=pixels)
+
+    passes()
+    assert seen == [True, True, True]
     with use_runtime_options(cpu_kernels=False):
-        model(pixel_values=pixels)
+        model.compile_cpu_kernels()  # (the kernels are off here: nothing compiles)
+    seen.clear()
+    passes()
     assert seen == [False, False, True] and runtime_options().kernel_compiles
-    large = torch.zeros(1 << 20)
-    small = torch.zeros(8)
+    large, small = torch.zeros(1 << 20), torch.zeros(8)
     with use_runtime_options(cpu_kernels=True, kernel_compiles=False):
         assert cpu_kernels.kernel_use(large) is cpu_kernels.KernelUse.AT_HAND
-        assert cpu_kernels.kernel_use(small) is None  # (small calls: at hand only after the warm-up)
+        assert cpu_kernels.kernel_use(small) is None  # (small calls: at hand only with kernels_at_hand)
     with use_runtime_options(cpu_kernels=True):
         assert cpu_kernels.kernel_use(large) is cpu_kernels.KernelUse.COMPILE
 
@@ -195,3 +223,16 @@ def test_no_cuda_notice_when_a_cpu_kernel_compiles(caplog):
     )
     assert "No CUDA runtime is found" in plain.stderr
     assert "No CUDA runtime is found" not in quiet.stderr and quiet.returncode == 0
+
+
+def test_the_switch_survey_reads_overrides_and_plots_failed_rows(tmp_path):
+    from polar_vit_hf.benchmarks import export_switches
+
+    assert export_switches.parse_switch("k=0.5") == {"k": 0.5}
+    assert export_switches.parse_switch("residual=space") == {"residual": "space"}
+    rows = [
+        {"switch": "default", "export_s": 1.0, "pt2_error": 3e-6, "onnx_s": 2.0, "onnx_error": 4e-6},
+        {"switch": "bad", "error": "ValueError: no"},
+    ]
+    export_switches.plot(rows, tmp_path / "switches.png")
+    assert (tmp_path / "switches.png").stat().st_size > 0
