@@ -236,3 +236,13 @@ def test_the_switch_survey_reads_overrides_and_plots_failed_rows(tmp_path):
     ]
     export_switches.plot(rows, tmp_path / "switches.png")
     assert (tmp_path / "switches.png").stat().st_size > 0
+
+
+def test_export_without_the_onnx_extra_says_what_to_install(monkeypatch, tmp_path):
+    from polar_vit_hf.conversion.export import ExportError, write_onnx
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # as where the extra is not installed
+    model = P.PolarViTForImageClassification(P.PolarViTConfig.from_preset("demo"))
+    with pytest.raises(ExportError, match=r'--onnx needs the ONNX exporter: pip install "polar-vit-hf\[onnx\]"'):
+        write_onnx(model, tmp_path)
+    assert not (tmp_path / ONNX_FILE).exists()
