@@ -448,12 +448,9 @@ class PolarViTPreTrainedModel(PreTrainedModel):
         sample = (config.num_vertices,) if config.is_spherical else (config.image_size, config.image_size)
         generator = torch.Generator().manual_seed(0)
         before, training = compiled_variants(), self.training
-        for module in self.modules():
-            if isinstance(module, PolarViTPreTrainedModel):
-                module.kernels_for_inference = True
         self.eval()
         try:
-            with use_runtime_options(kernel_min_elements=0, kernel_compiles=True):
+            with use_runtime_options(kernel_min_elements=0):  # every call compiles (or loads) its variant
                 for batch in batch_sizes:
                     pixels = torch.randn(batch, config.num_channels, *sample, generator=generator)
                     pixels = pixels.to(device=weight.device, dtype=weight.dtype)
@@ -464,6 +461,9 @@ class PolarViTPreTrainedModel(PreTrainedModel):
                             self(pixel_values=pixels)
         finally:
             self.train(training)
+        for module in self.modules():  # from now on: the variants at hand, never a compile (a server's requests)
+            if isinstance(module, PolarViTPreTrainedModel):
+                module.kernels_for_inference = True
         return compiled_variants() - before
 
 
