@@ -11,8 +11,10 @@ from .modeling_polar_vit import (
     PolarViTModel,
     PolarViTModelOutput,
     PolarViTPreTrainedModel,
+    PolarViTSphericalForDensePrediction,
     PolarViTSphericalForImageClassification,
     PolarViTSphericalModel,
+    SphericalFieldsOutput,
 )
 
 __all__ = [
@@ -25,9 +27,11 @@ __all__ = [
     "PolarViTModelOutput",
     "PolarViTPreTrainedModel",
     "PolarViTSphericalConfig",
+    "PolarViTSphericalForDensePrediction",
     "PolarViTSphericalForImageClassification",
     "PolarViTSphericalImageProcessor",
     "PolarViTSphericalModel",
+    "SphericalFieldsOutput",
     "ambient",
     "attention",
     "geometry",

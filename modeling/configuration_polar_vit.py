@@ -339,6 +339,8 @@ class PolarViTSphericalConfig(PolarViTConfig):
         longitude_encoding: ``K >= 0`` Legendre polynomials ``P_1 ... P_K`` of ``cos(beta)`` (the vertex's polar
             angle) appended to the input channels (the seed's symmetry breaking for problems that are only
             symmetric under rotations about the z-axis); 0 = off.
+        num_output_channels: ``C_out`` fields per vertex predicted by
+            :class:`PolarViTSphericalForDensePrediction`; ``None``: as many as the input has (``num_channels``).
     """
 
     model_type = "polar_vit_spherical"
@@ -347,6 +349,7 @@ class PolarViTSphericalConfig(PolarViTConfig):
     icosphere_level: int = 4
     patch_level: int = 1
     longitude_encoding: int = 0
+    num_output_channels: int | None = None
     relative_position: str = "so3"
     position_embedding: str = "none"
 
@@ -359,11 +362,20 @@ class PolarViTSphericalConfig(PolarViTConfig):
     def num_vertices(self) -> int:
         return 10 * 4**self.icosphere_level + 2
 
+    @property
+    def output_channels(self) -> int:
+        """``C_out``: fields per vertex of the dense prediction."""
+        return self.num_channels if self.num_output_channels is None else self.num_output_channels
+
     def validate_domain(self) -> None:
         for name in ("icosphere_level", "patch_level", "longitude_encoding"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.num_output_channels is not None and (
+            not isinstance(self.num_output_channels, int) or self.num_output_channels < 1
+        ):
+            raise ValueError(f"num_output_channels must be an integer >= 1 or None, got {self.num_output_channels!r}")
         if self.patch_level > self.icosphere_level:
             raise ValueError(f"patch_level={self.patch_level} must be <= icosphere_level={self.icosphere_level}")
         if self.icosphere_level > 8:
@@ -405,6 +417,7 @@ SPHERICAL_AUTO_MAP = {
     "AutoConfig": "configuration_polar_vit.PolarViTSphericalConfig",
     "AutoModel": "modeling_polar_vit.PolarViTSphericalModel",
     "AutoModelForImageClassification": "modeling_polar_vit.PolarViTSphericalForImageClassification",
+    "AutoModelForImageToImage": "modeling_polar_vit.PolarViTSphericalForDensePrediction",
 }
 
 

@@ -1,6 +1,6 @@
 """The building blocks of Polar-ViT's embeddings: the Polar-FC (Eq. 8), the parameter roles, the relative position
 encodings (horoshift Eq. 10, HoPE boost, HOPE rotation, SO(3)-RoPE), the absolute positions (learned, sine-cosine,
-Hypformer's) and the planar / spherical patch embeddings.
+Hypformer's), the planar / spherical patch embeddings and the spherical projection of dense prediction.
 
 Every module declares the roles of its parameters (``parameter_roles``, read by :func:`parameter_roles` and
 ``optim.param_groups``) and sets its initial values in one place, ``init_parameters`` (called at construction and
@@ -19,7 +19,7 @@ from transformers.activations import ACT2FN
 
 from .configuration_polar_vit import PolarViTConfig
 from .manifold_ops import ManifoldOps
-from .spherical import apply_so3_rope, lift_patches, patch_features, token_rope
+from .spherical import apply_so3_rope, lift_patches, patch_features, project_patches, token_rope
 from .stable_math import safe_normalize
 
 # Parameter roles (Appendix D.3), declared by each module in ``parameter_roles``:
@@ -375,3 +375,32 @@ class PolarViTSphericalEmbeddings(PolarViTEmbeddings):
         table = None if self.position_embeddings is None else self.position_embeddings.to(patches.dtype)
         tokens, num_prefix = self.embed(patches, table, ops)
         return tokens, self.rope(patches.dtype), num_prefix
+
+
+class PolarViTSphericalProjection(nn.Module):
+    r"""Projection convolution of icosphere fields (SO(3)-RoPE Sec. 3 "Unpatchification", Def. 5), the inverse of
+    the lifting embedding.
+
+    Every token leaves the hyperboloid by the logarithmic map at the origin, ``log_o(x) = r u`` (a Euclidean
+    vector of width ``n`` whose norm is the token's distance to the origin, exact in polar form at any radius);
+    a linear kernel gives it ``C_out S`` values, which :func:`spherical.project_patches` puts on its patch's
+    vertices in its orientation's kernel order and averages per vertex.  Output ``(B, C_out, V)``.
+    """
+
+    def __init__(self, config: PolarViTConfig) -> None:
+        super().__init__()
+        self.level, self.patch_level = config.icosphere_level, config.patch_level
+        slots = patch_features(1, config.icosphere_level, config.patch_level)
+        self.kernel = nn.Linear(config.hidden_size, config.output_channels * slots)
+        self.std = config.initializer_range
+        self.init_parameters()
+
+    def init_parameters(self) -> None:
+        init.trunc_normal_(self.kernel.weight, std=self.std)
+        init.zeros_(self.kernel.bias)
+
+    def forward(self, radius: Tensor, direction: Tensor) -> Tensor:
+        """Patch tokens in polar form, ``r (B, N)`` and ``u (B, N, n)`` -> fields ``(B, C_out, V)``."""
+        tangent = radius.unsqueeze(-1) * direction  # log_o(x)
+        values = F.linear(tangent, self.kernel.weight.to(tangent.dtype), self.kernel.bias.to(tangent.dtype))
+        return project_patches(values, self.level, self.patch_level)

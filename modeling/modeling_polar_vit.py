@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel, initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+from transformers.utils import ModelOutput
 
 from .configuration_polar_vit import (
     AUTO_MAP,
@@ -62,6 +63,7 @@ from .layers_polar_vit import (  # the embeddings' building blocks, re-exported 
     PolarFC,
     PolarViTEmbeddings,
     PolarViTSphericalEmbeddings,
+    PolarViTSphericalProjection,
     RelativePositionEncoding,
     RotationEncoding,
     SO3RotaryEncoding,
@@ -71,6 +73,7 @@ from .layers_polar_vit import (  # the embeddings' building blocks, re-exported 
 )
 from .manifold_ops import ManifoldOps, PolarOps, make_ops, product_dtype
 from .runtime import runtime_options, use_runtime_options
+from .spherical import field_loss
 from .torch_internals import functorch_transforms_active
 from .validation import check_pixel_values
 
@@ -632,6 +635,70 @@ class PolarViTSphericalForImageClassification(PolarViTForImageClassification):
     config: PolarViTSphericalConfig
 
 
+@dataclass
+class SphericalFieldsOutput(ModelOutput):
+    r"""Output of :class:`PolarViTSphericalForDensePrediction` (and of its Euclidean twin).
+
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, *optional*):
+            The quadrature-weighted squared l2 error of the fields (:func:`spherical.field_loss`).
+        logits (`torch.FloatTensor` of shape `(batch_size, num_output_channels, num_vertices)`):
+            The predicted fields at every icosphere vertex.
+        hidden_states, attentions: as in :class:`PolarViTModelOutput`.
+    """
+
+    loss: Tensor | None = None
+    logits: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+class PolarViTSphericalForDensePrediction(PolarViTPreTrainedModel):
+    """Polar-ViT predicting fields on the icosphere (``PolarViTSphericalConfig``): the spherical encoder, then the
+    projection convolution (SO(3)-RoPE Def. 5) of its patch tokens, ``C_out = config.output_channels`` values per
+    vertex.  With ``relative_position="so3"``, no absolute positions and no longitude encoding, the fields rotate
+    with the input under the 60 icosahedral rotations."""
+
+    config_class = PolarViTSphericalConfig
+    config: PolarViTSphericalConfig
+
+    def __init__(self, config: PolarViTSphericalConfig) -> None:
+        super().__init__(config)
+        self.polar_vit = PolarViTSphericalModel(config)
+        self.projection = PolarViTSphericalProjection(config)
+        self.post_init()
+
+    def set_arithmetic(self, arithmetic: str) -> None:
+        """Switch between polar and ambient arithmetic in place (same parameters)."""
+        self.polar_vit.set_arithmetic(arithmetic)
+
+    def forward(
+        self,
+        pixel_values: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> SphericalFieldsOutput | tuple:
+        """``labels``: the target fields ``(batch, C_out, V)``."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.polar_vit(
+            pixel_values,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        tokens = outputs.last_hidden_polar[:, -self.config.num_patches :]  # [r, u] of the patch tokens
+        with torch.autocast(device_type=tokens.device.type, enabled=False):
+            fields = self.projection(tokens[..., 0], tokens[..., 1:])
+        loss = None if labels is None else field_loss(fields, labels, self.config.icosphere_level)
+        output = SphericalFieldsOutput(
+            loss=loss, logits=fields, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
 __all__ = [
     "AUTO_MAP",
     "HEAD_CLASSES",
@@ -663,11 +730,14 @@ __all__ = [
     "PolarViTModelOutput",
     "PolarViTPreTrainedModel",
     "PolarViTSphericalEmbeddings",
+    "PolarViTSphericalForDensePrediction",
     "PolarViTSphericalForImageClassification",
     "PolarViTSphericalModel",
+    "PolarViTSphericalProjection",
     "RelativePositionEncoding",
     "RotationEncoding",
     "SO3RotaryEncoding",
+    "SphericalFieldsOutput",
     "SpaceResidual",
     "TangentLinearHead",
     "complete_auto_map",

@@ -23,16 +23,18 @@ import math
 from functools import cache, lru_cache
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 GOLDEN_RATIO = (1 + math.sqrt(5)) / 2
 
 
-def icosahedron() -> tuple[Tensor, Tensor]:
-    """The 12 unit vertices ``(12, 3)`` (float64) and 20 faces ``(20, 3)``, counter-clockwise seen from outside."""
+@cache
+def _icosahedron_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """:func:`icosahedron` as NumPy arrays: built once, without torch (so also where torch traces a program)."""
     phi = GOLDEN_RATIO
-    vertices = torch.tensor(
+    vertices = np.array(
         [
             (-1, phi, 0),
             (1, phi, 0),
@@ -47,10 +49,10 @@ def icosahedron() -> tuple[Tensor, Tensor]:
             (-phi, 0, -1),
             (-phi, 0, 1),
         ],
-        dtype=torch.float64,
+        dtype=np.float64,
     )
-    vertices = vertices / vertices.norm(dim=-1, keepdim=True)
-    faces = torch.tensor(
+    vertices = vertices / np.linalg.norm(vertices, axis=-1, keepdims=True)
+    faces = np.array(
         [
             (0, 11, 5),
             (0, 5, 1),
@@ -74,16 +76,22 @@ def icosahedron() -> tuple[Tensor, Tensor]:
             (9, 8, 1),
         ]
     )
-    a, b, c = vertices[faces].unbind(1)
-    clockwise = (torch.linalg.cross(b - a, c - a) * (a + b + c)).sum(-1) < 0
+    a, b, c = (vertices[faces[:, i]] for i in range(3))
+    clockwise = (np.cross(b - a, c - a) * (a + b + c)).sum(-1) < 0
     faces[clockwise] = faces[clockwise][:, [0, 2, 1]]
     return vertices, faces
+
+
+def icosahedron() -> tuple[Tensor, Tensor]:
+    """The 12 unit vertices ``(12, 3)`` (float64) and 20 faces ``(20, 3)``, counter-clockwise seen from outside."""
+    vertices, faces = _icosahedron_arrays()
+    return torch.tensor(vertices), torch.tensor(faces)
 
 
 class _Subdivision:
     """Vertices of the recursive midpoint subdivision, each edge midpoint made once: ``normalize((x_a + x_b) / 2)``."""
 
-    def __init__(self, vertices: Tensor) -> None:
+    def __init__(self, vertices: np.ndarray) -> None:
         self.points = [tuple(point) for point in vertices.tolist()]
         self.midpoints: dict[tuple[int, int], int] = {}
 
@@ -144,11 +152,19 @@ def icosphere_patches(level: int, patch_level: int) -> tuple[Tensor, Tensor, Ten
 
     Returns ``vertices (V, 3)`` (float64, unit), ``index (3M, S)`` (the vertex read by kernel slot ``j`` of token
     ``t = 3m + o``: patch ``m`` in orientation ``o``, corners cyclically shifted by ``o``) and ``corners (3M, 3)``
-    (the vertex ids of each token's corners in its orientation's order).  ``V = 10 * 4^level + 2``.
+    (the vertex ids of each token's corners in its orientation's order).  ``V = 10 * 4^level + 2``.  The mesh is
+    built once per level (:func:`_patch_arrays`); each call returns new tensors of it.
     """
     if not 0 <= patch_level <= level:
         raise ValueError(f"need 0 <= patch_level <= icosphere_level, got {patch_level} and {level}")
-    vertices, faces = icosahedron()
+    return tuple(torch.tensor(array) for array in _patch_arrays(level, patch_level))  # type: ignore[return-value]
+
+
+@cache
+def _patch_arrays(level: int, patch_level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`icosphere_patches` as NumPy arrays, built in Python (no tensor op, so ``torch.export`` can trace a
+    model that reads them)."""
+    vertices, faces = _icosahedron_arrays()
     mesh = _Subdivision(vertices)
     levels = [[tuple(face) for face in faces.tolist()]]
     for _ in range(level):  # level by level, so the vertex order does not depend on patch_level
@@ -161,9 +177,9 @@ def icosphere_patches(level: int, patch_level: int) -> tuple[Tensor, Tensor, Ten
         for shift in range(3):  # orientation o reads weights (a, b, c) on the corners (face[o], face[o+1], face[o+2])
             index.append([grid[_rotated((a, b, c), shift)] for a, b, c in slots])
             corners.append([face[(shift + i) % 3] for i in range(3)])
-    points = torch.tensor(mesh.points, dtype=torch.float64)
+    points = np.array(mesh.points, dtype=np.float64)
     assert points.shape[0] == 10 * 4**level + 2, "icosphere vertex count"
-    return points, torch.tensor(index), torch.tensor(corners)
+    return points, np.array(index, dtype=np.int64), np.array(corners, dtype=np.int64)
 
 
 def icosphere(level: int) -> Tensor:
@@ -179,12 +195,18 @@ def frame_from_points(first: Tensor, centre: Tensor) -> Tensor:
     return torch.stack([e1, torch.linalg.cross(centre, e1), centre], dim=-1)
 
 
-@cache
 def token_poses(level: int, patch_level: int) -> Tensor:
     """SO(3) pose ``R_t (3M, 3, 3)`` (float64) of every token: the patch frame of its orientation (see module doc)."""
+    return torch.tensor(_token_pose_array(level, patch_level))
+
+
+@cache
+def _token_pose_array(level: int, patch_level: int) -> np.ndarray:
+    """:func:`token_poses` as a NumPy array, computed once (where torch traces a program it fails rather than keep
+    a traced value)."""
     vertices, _, corners = icosphere_patches(level, patch_level)
     points = vertices[corners]  # (3M, 3 corners, 3)
-    return frame_from_points(points[:, 0], points.sum(1))
+    return frame_from_points(points[:, 0], points.sum(1)).numpy()
 
 
 def euler_zyz(rotation: Tensor) -> Tensor:
@@ -294,10 +316,15 @@ def _block_diagonal(blocks: list[Tensor]) -> Tensor:
     return out
 
 
-@lru_cache(maxsize=16)
 def token_rope(level: int, patch_level: int, head_dim: int) -> Tensor:
     """``pi(R_t)`` ``(3M, m, m)`` (float64, CPU) of every token of the icosphere tokenisation."""
-    return so3_representation(token_poses(level, patch_level), head_dim)
+    return torch.tensor(_token_rope_array(level, patch_level, head_dim))
+
+
+@lru_cache(maxsize=16)
+def _token_rope_array(level: int, patch_level: int, head_dim: int) -> np.ndarray:
+    """:func:`token_rope` as a NumPy array, computed once."""
+    return so3_representation(token_poses(level, patch_level), head_dim).numpy()
 
 
 def apply_so3_rope(x: Tensor, rope: Tensor) -> Tensor:
@@ -357,10 +384,75 @@ def equirectangular_to_icosphere(image: Tensor, vertices: Tensor) -> Tensor:
     return (1 - fr) * ((1 - fc) * at(r0, c0) + fc * at(r0, c1)) + fr * ((1 - fc) * at(r1, c0) + fc * at(r1, c1))
 
 
+def vertex_multiplicity(level: int, patch_level: int) -> Tensor:
+    """How many kernel slots of the lifted patches read each vertex ``(V,)`` (float64): 3 inside a patch, 6 on a
+    patch edge, three per patch that meets at a patch corner (every patch is read in three orientations)."""
+    vertices, index, _ = _patch_arrays(level, patch_level)
+    return torch.tensor(np.bincount(index.ravel(), minlength=vertices.shape[0]).astype(np.float64))
+
+
+def project_patches(patches: Tensor, level: int, patch_level: int) -> Tensor:
+    r"""The projection convolution of Def. 5 after its kernel: patch vectors ``(B, 3M, C S)`` -> ``(B, C, V)``.
+
+    Token ``t`` puts its ``C S`` values on its patch's vertices in its orientation's kernel order (the slots that
+    :func:`lift_patches` reads) and every vertex averages the values that land on it:
+    ``project(g) = D^{-1} L^T g``, with ``L`` the lifting's gather and ``D`` = :func:`vertex_multiplicity`.  It is
+    the lifting's adjoint in the multiplicity-weighted inner product, ``<L f, g> = <f, project(g)>_D``, it inverts
+    the lifting (``project(L f) = f``), and an icosahedral rotation of the tokens rotates its output.
+    """
+    vertices, index, _ = icosphere_patches(level, patch_level)
+    batch, tokens, features = patches.shape
+    slots = index.shape[1]
+    values = patches.reshape(batch, tokens, features // slots, slots).transpose(1, 2).flatten(2)  # (B, C, 3M S)
+    target = index.flatten().to(patches.device).expand(*values.shape)
+    summed = values.new_zeros(*values.shape[:2], vertices.shape[0]).scatter_add(-1, target, values)
+    return summed / vertex_multiplicity(level, patch_level).to(summed)
+
+
+def vertex_areas(level: int) -> Tensor:
+    """Quadrature weights ``w (V,)`` (float64, summing to 1): a third of each flat triangle's area of the icosphere
+    of ``level`` at each of its corners, over the total; ``sum_v w_v f(v)`` approximates the mean of ``f``."""
+    return torch.tensor(_vertex_area_array(level))
+
+
+@cache
+def _vertex_area_array(level: int) -> np.ndarray:
+    vertices, _, corners = _patch_arrays(level, level)
+    faces = corners[0::3]  # the first orientation of every face
+    a, b, c = (vertices[faces[:, i]] for i in range(3))
+    third = np.linalg.norm(np.cross(b - a, c - a), axis=-1) / 6
+    areas = np.bincount(faces.ravel(), weights=np.repeat(third, 3), minlength=vertices.shape[0])
+    return areas / areas.sum()
+
+
+def sphere_errors(prediction: Tensor, target: Tensor, level: int) -> tuple[Tensor, Tensor]:
+    r"""The l1 and l2 errors of fields ``(B, C, V)`` (Bonev et al.'s metrics, on the icosphere's quadrature):
+    ``l1 = mean_{b,c} sum_v w_v |p - t|`` and ``l2 = mean_{b,c} (sum_v w_v (p - t)^2)^{1/2}``, ``w`` =
+    :func:`vertex_areas`."""
+    weights = vertex_areas(level).to(prediction)
+    difference = prediction - target
+    l1 = (difference.abs() * weights).sum(-1).mean()
+    l2 = (difference.square() * weights).sum(-1).sqrt().mean()
+    return l1, l2
+
+
+def field_loss(prediction: Tensor, target: Tensor, level: int) -> Tensor:
+    r"""The training loss of dense prediction: the squared l2 error ``mean_{b,c} sum_v w_v (p - t)^2`` of the
+    (normalised) fields, torch-harmonics' ``l2loss_sphere`` on the icosphere's quadrature :func:`vertex_areas`."""
+    if target.shape != prediction.shape:
+        raise ValueError(
+            f"labels must be target fields (batch, {prediction.shape[1]}, {prediction.shape[2]}), "
+            f"got {tuple(target.shape)}"
+        )
+    weights = vertex_areas(level).to(prediction)
+    return ((prediction - target.to(prediction)).square() * weights).sum(-1).mean()
+
+
 __all__ = [
     "apply_so3_rope",
     "equirectangular_to_icosphere",
     "euler_zyz",
+    "field_loss",
     "icosahedral_rotations",
     "icosahedron",
     "icosphere",
@@ -368,12 +460,16 @@ __all__ = [
     "legendre_features",
     "lift_patches",
     "patch_features",
+    "project_patches",
     "random_rotations",
     "matrix_zyz",
     "rotate_signal",
     "so3_representation",
+    "sphere_errors",
     "token_poses",
     "token_rope",
+    "vertex_areas",
+    "vertex_multiplicity",
     "vertex_permutation",
     "wigner_degree",
 ]

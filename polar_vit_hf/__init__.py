@@ -1,7 +1,8 @@
 """polar-vit-hf: Polar-ViT, a fully hyperbolic Vision Transformer in polar form, for transformers.
 
 ``import polar_vit_hf`` registers the model with transformers' Auto classes
-(``AutoConfig``, ``AutoModel``, ``AutoModelForImageClassification``, ``AutoImageProcessor``) and
+(``AutoConfig``, ``AutoModel``, ``AutoModelForImageClassification``, ``AutoImageProcessor``; the spherical dense
+model with ``AutoModelForImageToImage``) and
 marks the classes for remote code, so ``save_pretrained`` writes a folder that also loads with
 ``trust_remote_code=True`` where this package is not installed.
 """
@@ -13,6 +14,7 @@ from transformers import (
     AutoImageProcessor,
     AutoModel,
     AutoModelForImageClassification,
+    AutoModelForImageToImage,
 )
 from transformers.utils import is_torchvision_available
 
@@ -23,6 +25,7 @@ from .modeling import (
     PolarViTImageProcessor,
     PolarViTModel,
     PolarViTSphericalConfig,
+    PolarViTSphericalForDensePrediction,
     PolarViTSphericalForImageClassification,
     PolarViTSphericalImageProcessor,
     PolarViTSphericalModel,
@@ -57,6 +60,9 @@ def _register() -> None:
         model.register_for_auto_class("AutoModel")
         classifier.register_for_auto_class("AutoModelForImageClassification")
         processor.register_for_auto_class("AutoImageProcessor")
+    # fields on the icosphere in, fields out: transformers' image-to-image class (no pipeline: the output is no image)
+    AutoModelForImageToImage.register(PolarViTSphericalConfig, PolarViTSphericalForDensePrediction, exist_ok=True)
+    PolarViTSphericalForDensePrediction.register_for_auto_class("AutoModelForImageToImage")
 
 
 _register()

@@ -12,7 +12,15 @@ from transformers.modeling_outputs import ImageClassifierOutput
 from transformers.models.vit.modeling_vit import ViTLayer, ViTPreTrainedModel
 
 from .modeling.configuration_polar_vit import PolarViTConfig, PolarViTSphericalConfig
-from .modeling.spherical import apply_so3_rope, lift_patches, patch_features, token_rope
+from .modeling.modeling_polar_vit import SphericalFieldsOutput
+from .modeling.spherical import (
+    apply_so3_rope,
+    field_loss,
+    lift_patches,
+    patch_features,
+    project_patches,
+    token_rope,
+)
 
 
 def euclidean_vit_config(config: PolarViTConfig) -> ViTConfig:
@@ -84,21 +92,27 @@ class SphericalViTForImageClassification(ViTPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, cast(int, config.num_labels))
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
+        """transformers' ``from_pretrained`` with the SO(3)-RoPE attention (a saved config does not keep the
+        attention implementation: without it, the blocks would run plain SDPA and ignore the poses)."""
+        kwargs.setdefault("attn_implementation", "so3_sdpa")
+        return super().from_pretrained(*args, **kwargs)
+
     def rope(self, dtype: torch.dtype) -> Tensor | None:
         """``pi(R_t) (N, m, m)`` of every token, or ``None`` without SO(3)-RoPE."""
         if self.config.relative_position != "so3":
             return None
         head_dim = self.config.hidden_size // self.config.num_attention_heads
         rope = token_rope(self.config.icosphere_level, self.config.patch_level, head_dim)
-        return rope.to(device=self.classifier.weight.device, dtype=dtype)
+        return rope.to(device=self.patch_embeddings.weight.device, dtype=dtype)
 
-    def forward(self, pixel_values: Tensor, labels: Tensor | None = None, **kwargs: Any) -> ImageClassifierOutput:
+    def encode(self, pixel_values: Tensor) -> Tensor:
+        """The lifted tokens after the blocks and the final layer norm ``(B, N, D)``."""
         config = self.config
+        weight = self.patch_embeddings.weight
         patches = lift_patches(
-            pixel_values.to(self.classifier.weight.dtype),
-            config.icosphere_level,
-            config.patch_level,
-            config.longitude_encoding,
+            pixel_values.to(weight.dtype), config.icosphere_level, config.patch_level, config.longitude_encoding
         )
         hidden = self.patch_embeddings(patches)
         if self.position_embeddings is not None:
@@ -106,16 +120,51 @@ class SphericalViTForImageClassification(ViTPreTrainedModel):
         rope = self.rope(hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, None, so3_rope=rope)
-        logits = self.classifier(self.layernorm(hidden).mean(1))
-        loss = None if labels is None else self.loss_function(labels, logits, config)
+        return self.layernorm(hidden)
+
+    def forward(self, pixel_values: Tensor, labels: Tensor | None = None, **kwargs: Any) -> ImageClassifierOutput:
+        logits = self.classifier(self.encode(pixel_values).mean(1))
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
         return ImageClassifierOutput(loss=loss, logits=logits)
+
+
+class SphericalViTForDensePrediction(SphericalViTForImageClassification):
+    """The Euclidean twin of ``PolarViTSphericalForDensePrediction`` (SO3ViT, SO(3)-RoPE Fig. 1): the encoder of
+    :class:`SphericalViTForImageClassification`, then the projection convolution (Def. 5): a linear kernel gives
+    each token ``C_out S`` values that :func:`spherical.project_patches` averages onto the vertices.  Config: as the
+    classifier's, with ``num_output_channels``; build one with :func:`euclidean_spherical_dense_vit`."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__(config)
+        del self.classifier
+        slots = patch_features(1, config.icosphere_level, config.patch_level)
+        self.projection = nn.Linear(config.hidden_size, config.num_output_channels * slots)
+        self.post_init()
+
+    def forward(self, pixel_values: Tensor, labels: Tensor | None = None, **kwargs: Any) -> SphericalFieldsOutput:
+        level, patch_level = self.config.icosphere_level, self.config.patch_level
+        fields = project_patches(self.projection(self.encode(pixel_values)), level, patch_level)
+        loss = None if labels is None else field_loss(fields, labels, level)
+        return SphericalFieldsOutput(loss=loss, logits=fields)
+
+
+def spherical_vit_config(config: PolarViTSphericalConfig) -> ViTConfig:
+    """The ``ViTConfig`` of the Euclidean spherical baselines: :func:`euclidean_vit_config` with the icosphere, the
+    relative / absolute position settings, the longitude encoding and the output channels of ``config``."""
+    vit = euclidean_vit_config(config)
+    for name in ("icosphere_level", "patch_level", "relative_position", "position_embedding", "longitude_encoding"):
+        setattr(vit, name, getattr(config, name))
+    vit.num_output_channels = config.output_channels
+    vit._attn_implementation = "so3_sdpa"
+    return vit
 
 
 def euclidean_spherical_vit(config: PolarViTSphericalConfig) -> SphericalViTForImageClassification:
     """The Euclidean spherical ViT with the same icosphere, lifting, depth, width, MLP width, heads, labels and
     relative / absolute position settings as a ``PolarViTSphericalConfig``."""
-    vit = euclidean_vit_config(config)
-    for name in ("icosphere_level", "patch_level", "relative_position", "position_embedding", "longitude_encoding"):
-        setattr(vit, name, getattr(config, name))
-    vit._attn_implementation = "so3_sdpa"
-    return SphericalViTForImageClassification(vit)
+    return SphericalViTForImageClassification(spherical_vit_config(config))
+
+
+def euclidean_spherical_dense_vit(config: PolarViTSphericalConfig) -> SphericalViTForDensePrediction:
+    """The Euclidean twin of ``PolarViTSphericalForDensePrediction`` for a ``PolarViTSphericalConfig``."""
+    return SphericalViTForDensePrediction(spherical_vit_config(config))

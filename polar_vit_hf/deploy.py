@@ -90,16 +90,18 @@ def _dynamic_shapes(config: PolarViTConfig, spec: ExportSpec) -> dict:
 
 
 def export_program(model: PreTrainedModel, spec: ExportSpec = ExportSpec()) -> torch.export.ExportedProgram:
-    """``torch.export.export`` of the classifier's logits with the dynamic axes of ``spec`` (eval mode, float32
-    or float64 weights as they are)."""
+    """``torch.export.export`` of the model's logits (a classifier's, or the fields of a dense spherical model) with
+    the dynamic axes of ``spec`` (eval mode, float32 or float64 weights as they are), after one eager pass."""
     model.eval()
     config = model.config
+    dynamic_shapes = _dynamic_shapes(config, spec)  # (checks the spec first)
     wrapper = LogitsOnly(model, interpolate_pos_encoding=spec.dynamic_image_size).eval()
     pixels = example_pixels(config).to(next(model.parameters()))
-    if spec.dynamic_image_size:  # traced off the config's size, so that the interpolation is part of the graph
-        pixels = F.pad(pixels, (0, config.patch_size, 0, config.patch_size))
     with torch.no_grad():
-        return torch.export.export(wrapper, (pixels,), dynamic_shapes=_dynamic_shapes(config, spec))
+        wrapper(pixels)  # builds the constant tables a model makes on first use (the icosphere's, SO(3)-RoPE's)
+        if spec.dynamic_image_size:  # traced off the config's size, so that the interpolation is part of the graph
+            pixels = F.pad(pixels, (0, config.patch_size, 0, config.patch_size))
+        return torch.export.export(wrapper, (pixels,), dynamic_shapes=dynamic_shapes)
 
 
 def export_onnx(model: PreTrainedModel, path: str | Path, spec: ExportSpec = ExportSpec()) -> Path:

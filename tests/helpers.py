@@ -160,3 +160,20 @@ def value_normal_amplification(leaves, r_ref, u_ref, w_r, k):
 EDGE_CASES = [(case, rmax) for case in ("dominant", "identical", "aligned") for rmax in (0.0, 4.0, 8.0)] + [
     ("generic", rmax) for rmax in (0.0, 4.0, 8.0, 12.0)
 ]
+
+
+LEVEL, PATCH_LEVEL = 2, 0  # the spherical tests' icosphere: 162 vertices, 60 tokens of 15 vertices
+
+
+def spherical_config(**overrides) -> P.PolarViTSphericalConfig:
+    kwargs = dict(
+        icosphere_level=LEVEL,
+        patch_level=PATCH_LEVEL,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=32,
+        num_channels=2,
+        num_labels=5,
+    )
+    return P.PolarViTSphericalConfig(**{**kwargs, **overrides})

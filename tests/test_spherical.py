@@ -12,6 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from helpers import LEVEL, PATCH_LEVEL, spherical_config
 from PIL import Image
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification, pipeline
 from transformers.dynamic_module_utils import get_imports
@@ -21,22 +22,6 @@ from polar_vit_hf.baselines import euclidean_spherical_vit, so3_sdpa_attention
 from polar_vit_hf.geometry import distance
 from polar_vit_hf.modeling import spherical as S
 from polar_vit_hf.modeling.spherical import random_rotations
-
-LEVEL, PATCH_LEVEL = 2, 0  # 162 vertices, 60 tokens of 15 vertices
-
-
-def spherical_config(**overrides) -> P.PolarViTSphericalConfig:
-    kwargs = dict(
-        icosphere_level=LEVEL,
-        patch_level=PATCH_LEVEL,
-        hidden_size=32,
-        num_attention_heads=2,
-        num_hidden_layers=2,
-        intermediate_size=32,
-        num_channels=2,
-        num_labels=5,
-    )
-    return P.PolarViTSphericalConfig(**{**kwargs, **overrides})
 
 
 # ---------------------------------------------------------------------------------------------------- tokenisation
