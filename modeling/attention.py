@@ -304,11 +304,10 @@ def select_implementation(
     ``auto``: eager when attention probabilities are requested, Triton on CUDA (when available), ``fallback`` (the
     strategy's own core: ``fused`` for :class:`manifold_ops.FusedPolarOps`, ``eager`` for the reference) where it
     is ``fused`` on the CPU (it works in blocks of query rows at long sequences, its memory bounded at any length,
-    and was measured the fastest at every length, 5-8x the chunked core's speed from 1024 tokens:
-    ``benchmarks/attention_speed.py``), else chunked for sequences of at least ``chunked_min_tokens`` tokens
-    (:class:`runtime.RuntimeOptions`) and ``fallback`` below.  An explicit choice is kept, except that
-    probabilities always need eager, and so do ``torch.func`` transforms (the eager core is made of transformable
-    operators; the others are ``autograd.Function``s with hand-derived backward passes).
+    and is the fastest core at every length: ``benchmarks/attention_speed.py``), else chunked for sequences of at
+    least ``chunked_min_tokens`` tokens (:class:`runtime.RuntimeOptions`) and ``fallback`` below.  An explicit
+    choice is kept, except that probabilities always need eager, and so do ``torch.func`` transforms (the eager core
+    is made of transformable operators; the others are ``autograd.Function``s with hand-derived backward passes).
     """
     if output_attentions or functorch_transforms_active():
         return "eager"

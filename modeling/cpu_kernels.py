@@ -208,8 +208,8 @@ def kernel_use(like: Tensor, elements: int | None = None) -> KernelUse | None:
 def inductor_options(**options: Any) -> Callable[[Callable], Callable]:
     """Decorator: compile ``fn``'s kernels, and those of its :func:`bound` and vector-Jacobian forms, with these
     inductor options (``torch.compile(..., options=...)``), part of their cache key.  For a function whose
-    options are measured faster, such as ``realize_reads_threshold=1`` (store a value read more than once instead
-    of recomputing it in each loop that reads it) for the ambient twin's layers."""
+    kernels run faster with other options, such as ``realize_reads_threshold=1`` (store a value read more than
+    once instead of recomputing it in each loop that reads it) for the ambient twin's layers."""
 
     def mark(fn: Callable) -> Callable:
         fn.inductor_options = dict(options)  # type: ignore[attr-defined]
@@ -625,8 +625,8 @@ def _install_module_aliases(f_globals: dict[str, Any]) -> None:
 
 def _package_modules(package: types.ModuleType) -> list[types.ModuleType]:
     """``package`` and its imported submodules, found through the attributes an import sets on a module's parent:
-    a walk of the package's few modules instead of a pass over ``sys.modules`` (2 ms per variant loaded, 21 loads
-    in a first training step)."""
+    a walk of the package's few modules instead of a pass over ``sys.modules`` (which runs once per variant
+    loaded)."""
     found, stack = {package.__name__: package}, [package]
     while stack:
         for value in vars(stack.pop()).values():
@@ -644,8 +644,8 @@ def leading_cat(first: Tensor, rest: Tensor) -> Tensor:
 
     Where a leading size is 1 (a Polar-FC of one head: ``(B, N, 1, w)``), inductor otherwise lays the concatenation
     out in the order of the per-token column's strides, which a size-1 dimension leaves arbitrary: tokens adjacent,
-    coordinates ``N`` apart, then one more pass that transposes it into the output (measured: the ambient Polar-FC's
-    output kernel 0.72x the time with the GELU, 384 wide, and 0.65x at 192, batch 64; bit for bit the same)."""
+    coordinates ``N`` apart, then one more pass that transposes it into the output; the rows avoid that pass, bit for
+    bit the same."""
     if not torch.compiler.is_compiling():
         return torch.cat([first.unsqueeze(-1), rest], dim=-1)
     shape = (*rest.shape[:-1], rest.shape[-1] + 1)

@@ -99,9 +99,8 @@ __all__ = [
     "fused_ambient_gyro_layer_norm",
 ]
 
-# the ambient twin's kernels store every value read more than once (measured: the twin's training step 20-30 %
-# faster; inductor otherwise evaluates each per-token sinh / cosh / arcosh again in every loop over the coordinates
-# that reads it)
+# the ambient twin's kernels store every value read more than once: inductor otherwise evaluates each per-token
+# sinh / cosh / arcosh again in every loop over the coordinates that reads it (``benchmarks/step_time.py``)
 AMBIENT_KERNELS = inductor_options(realize_reads_threshold=1)
 
 
@@ -484,7 +483,7 @@ Columns = tuple[Tensor, ...]  # the time and the four reserved coordinates, each
 def _cosh_sinh(t: Tensor) -> tuple[Tensor, Tensor]:
     """``(cosh t, sinh t)`` of the rates: torch's functions eagerly (the reference's bits), inside a compiled kernel
     from one ``expm1`` (:func:`stable_math.sinh_cosh`, a few ulp), since torch's ``sinh`` and ``cosh`` run in scalar
-    code there (the boost encoding's forward kernel 2.8 ms against 0.3 ms for the horoshift's, batch 64)."""
+    code there (``benchmarks/vector_math.py``)."""
     if torch.compiler.is_compiling():
         sinh_t, cosh_t = sinh_cosh(t)
         return cosh_t, sinh_t

@@ -438,10 +438,8 @@ def group_elements(per_head: int) -> int:
     """Score elements per block for slices of ``per_head = N M`` pairs: ``attention_group_elements`` where it is
     set, else :data:`GROUP_ELEMENTS`' fewest raised to hold :data:`GROUP_SLICES` slices, at most its most.  Fewer
     slices per block cost more than their temporaries' cache misses save, and a slice's query rows split into
-    blocks cost most (``benchmarks/attention_groups.py``, ``tiny-cifar`` training steps against ``2^19``
-    elements: ``2^20`` 0.94x at 196 tokens, 0.91x at 256, 0.78x at 1024; at 64 and 144 tokens, whose ``2^19`` hold
-    120 and 24 slices, more elements 1.00-1.04x).  At most ``2^20``: ``2^21`` gains no more at 1024 tokens, where
-    its temporaries took the step's peak tensors from 1.74x to 2.06x the ViT's."""
+    blocks cost most.  At most ``2^20``: more gains no time at 1024 tokens and raises the step's peak tensors
+    (``benchmarks/attention_groups.py``)."""
     chosen = runtime_options().attention_group_elements
     if chosen is not None:
         return chosen

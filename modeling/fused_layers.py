@@ -37,7 +37,7 @@ from .stable_math import (
     sinhc_sq,
 )
 
-GEMM_ALIGN = 8  # the Polar-FC's inner width n+1 is zero-padded to a multiple of this (MKL: odd widths run 2.3x slower)
+GEMM_ALIGN = 8  # the Polar-FC's inner width n+1 is zero-padded to a multiple of this (MKL: odd widths run slowly)
 
 __all__ = [
     "BOOST_TERMS",
@@ -86,7 +86,7 @@ def gemm_width(n: int) -> int:
     """``n`` rounded up to a multiple of ``GEMM_ALIGN``: the width of the Polar-FC's unit coordinates and weight.
 
     Matrix products whose inner or output width is odd (``n + 1 = 193`` for ``n = 192``) take a slow path in MKL
-    on the CPU (2.3x the time of width 192 or 200); zero columns change no sum.
+    on the CPU (``benchmarks/step_time.py``); zero columns change no sum.
     """
     return -(-n // GEMM_ALIGN) * GEMM_ALIGN
 
@@ -207,7 +207,7 @@ def policy_matmul(a: Tensor, b: Tensor, dtype: torch.dtype | None) -> Tensor:
 class GemmWidthProduct(torch.autograd.Function):
     """``x W^T`` for ``x (..., n)`` and ``W (m, n)`` whose input gradient ``g W`` is computed through ``W``
     zero-padded to :func:`gemm_width` columns and returned as the view of its first ``n``: MKL writes an output of
-    odd width on a slow path (``(8192, 576) x (576, 193)``: 1.3x the time of width 200), while the forward's and the
+    odd width on a slow path (such as ``(8192, 576) x (576, 193)``), while the forward's and the
     weight gradient's outputs, ``(..., m)`` and ``(m, n)``, keep their plain products (no copy of ``x`` padded).
     Saved: ``x`` and ``W``, as autograd's product; backward is differentiable (double backward as autograd's)."""
 

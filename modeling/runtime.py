@@ -38,7 +38,7 @@ class RuntimeOptions:
         gpu_kernels: the same on CUDA devices, at every size: inductor's Triton kernels, compiled with eager's
             division and math library (:func:`cpu_kernels.compile_options`), in place of the eager chain of
             elementwise launches (tens of thousands per training step).  Off unless ``POLAR_VIT_GPU_KERNELS=1``:
-            measured 1.7x faster per tiny-cifar step on an H200, but its check against eager on the device
+            faster (docs/benchmarks.md, "On an NVIDIA H200"), but its check against eager on the device
             (``tests/test_gpu_kernels.py``) has not passed yet.
         kernel_min_elements: a fused layer uses its compiled kernel only from this many elements in its largest
             tensor (``benchmarks/step_time.py``: the kernels win at every tiny-cifar batch from 8 to 128 once their

@@ -2,7 +2,7 @@
 
 Every function here evaluates a hyperbolic or inverse-hyperbolic quantity as a sum or product of terms of
 one sign (paper Section 3.2), through ``exp`` / ``expm1`` / ``log1p`` / ``sqrt`` only: on the CPU PyTorch's
-``sinh``, ``cosh`` and ``asinh`` run in scalar code (about 10x the time of ``exp`` on AVX2), and these forms
+``sinh``, ``cosh`` and ``asinh`` run in scalar code (``benchmarks/vector_math.py``), and these forms
 are accurate to a few ulp in float32 and float64.  The geometry (:mod:`geometry`), the fused layers
 (:mod:`fused_attention`, :mod:`fused_gyro_norm`, :mod:`fused_layers`) and the chunked attention call them;
 the Triton kernels (:mod:`triton_kernels`) spell the same formulas in Triton and take
@@ -83,9 +83,8 @@ def exp_weights(x: Tensor) -> Tensor:
     (``x <`` :func:`weight_cutoff`).
 
     Far pairs of sharp attention give weights of ``1e-30`` and less; their products with gradients or distances
-    fall below ``tiny`` (``1.2e-38`` in float32), into subnormal numbers, on which x86 arithmetic runs up to 100x
-    slower (the fused core at tiny-cifar's shape, half its weights that small: 2.3x slower,
-    ``benchmarks/attention_speed.py --sharpness``).  A weight below ``sqrt(tiny)`` moves a softmax-weighted sum
+    fall below ``tiny`` (``1.2e-38`` in float32), into subnormal numbers, on which x86 arithmetic runs far slower
+    (``benchmarks/attention_speed.py --sharpness``).  A weight below ``sqrt(tiny)`` moves a softmax-weighted sum
     of ``M`` terms, whose largest weight is ``>= 1/M``, by less than ``M^2 sqrt(tiny)`` relative (``4e-16`` at
     ``M = 64`` in float32): far below the rounding of the sum, so as an exact zero it changes no result.
     """
@@ -349,8 +348,8 @@ def page_in_vector_math() -> None:
     inductor's compiled kernels both call) end with a masked load of a constant for one kind of special input
     (``expm1(-0) = -0``), from a page of read-only data that nothing else reads.  With an all-false mask the load
     does not fault, so the page is never mapped, and every call on ordinary inputs pays a microcode assist for the
-    suppressed fault: float32 ``expm1`` and ``log1p`` then take 15x and 20x their time (2.8 against 0.19 ms, 2.7
-    against 0.13 ms on 507k values, AMD EPYC, AVX-512; ``python benchmarks/vector_math.py``).  One call whose
+    suppressed fault, which multiplies the time of float32 ``expm1`` and ``log1p`` (``python
+    benchmarks/vector_math.py``).  One call whose
     mask is true maps the page for the whole process, for eager operations and compiled kernels alike.
     """
     values = torch.tensor([*SPECIAL_INPUTS, math.inf, -math.inf, math.nan]).repeat(4)  # every lane, every width
