@@ -182,6 +182,12 @@ def _patch_arrays(level: int, patch_level: int) -> tuple[np.ndarray, np.ndarray,
     return points, np.array(index, dtype=np.int64), np.array(corners, dtype=np.int64)
 
 
+def patch_index(level: int, patch_level: int) -> Tensor:
+    """The ``index (3M, S)`` of :func:`icosphere_patches` without a copy: a view of the cached table, for the
+    gathers and scatters of every forward pass (read it, never write it)."""
+    return torch.from_numpy(_patch_arrays(level, patch_level)[1])
+
+
 def icosphere(level: int) -> Tensor:
     """Unit vertices ``(10 * 4^level + 2, 3)`` (float64) of the icosphere of ``level``, in the model's order."""
     return icosphere_patches(level, 0)[0]
@@ -347,9 +353,10 @@ def lift_patches(signal: Tensor, level: int, patch_level: int, longitude_encodin
     """The lifting of Def. 4 before its kernel: signal ``(B, C, V)`` -> patch vectors ``(B, 3M, (C + K) S)``, token
     ``t`` reading its patch's vertices in its orientation's kernel order, with ``K = longitude_encoding`` Legendre
     channels of the vertices' ``cos(beta) = z`` appended (0: none)."""
-    vertices, index, _ = icosphere_patches(level, patch_level)
+    index = patch_index(level, patch_level)
     if longitude_encoding:
-        legendre = legendre_features(vertices[:, 2], longitude_encoding).T.to(signal)
+        z = torch.from_numpy(_patch_arrays(level, patch_level)[0][:, 2])
+        legendre = legendre_features(z, longitude_encoding).T.to(signal)
         signal = torch.cat([signal, legendre.expand(signal.shape[0], -1, -1)], dim=1)
     patches = signal[:, :, index.to(signal.device)]  # (B, C + K, 3M, S)
     return patches.transpose(1, 2).flatten(2)
@@ -387,8 +394,13 @@ def equirectangular_to_icosphere(image: Tensor, vertices: Tensor) -> Tensor:
 def vertex_multiplicity(level: int, patch_level: int) -> Tensor:
     """How many kernel slots of the lifted patches read each vertex ``(V,)`` (float64): 3 inside a patch, 6 on a
     patch edge, three per patch that meets at a patch corner (every patch is read in three orientations)."""
+    return torch.from_numpy(_multiplicity_array(level, patch_level)).clone()
+
+
+@cache
+def _multiplicity_array(level: int, patch_level: int) -> np.ndarray:
     vertices, index, _ = _patch_arrays(level, patch_level)
-    return torch.tensor(np.bincount(index.ravel(), minlength=vertices.shape[0]).astype(np.float64))
+    return np.bincount(index.ravel(), minlength=vertices.shape[0]).astype(np.float64)
 
 
 def project_patches(patches: Tensor, level: int, patch_level: int) -> Tensor:
@@ -400,13 +412,13 @@ def project_patches(patches: Tensor, level: int, patch_level: int) -> Tensor:
     the lifting's adjoint in the multiplicity-weighted inner product, ``<L f, g> = <f, project(g)>_D``, it inverts
     the lifting (``project(L f) = f``), and an icosahedral rotation of the tokens rotates its output.
     """
-    vertices, index, _ = icosphere_patches(level, patch_level)
+    index, multiplicity = patch_index(level, patch_level), torch.from_numpy(_multiplicity_array(level, patch_level))
     batch, tokens, features = patches.shape
     slots = index.shape[1]
     values = patches.reshape(batch, tokens, features // slots, slots).transpose(1, 2).flatten(2)  # (B, C, 3M S)
     target = index.flatten().to(patches.device).expand(*values.shape)
-    summed = values.new_zeros(*values.shape[:2], vertices.shape[0]).scatter_add(-1, target, values)
-    return summed / vertex_multiplicity(level, patch_level).to(summed)
+    summed = values.new_zeros(*values.shape[:2], multiplicity.shape[0]).scatter_add(-1, target, values)
+    return summed / multiplicity.to(summed)
 
 
 def vertex_areas(level: int) -> Tensor:
@@ -460,6 +472,7 @@ __all__ = [
     "legendre_features",
     "lift_patches",
     "patch_features",
+    "patch_index",
     "project_patches",
     "random_rotations",
     "matrix_zyz",

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .runtime import runtime_options, set_runtime_options, use_runtime_options
-from .spherical import icosphere_patches
+from .spherical import patch_index
 from .torch_internals import assert_on_device, functorch_transforms_active
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def check_pixel_values(pixel_values: Tensor | None, config: PolarViTConfig) -> N
     # the radius of a patch token is the RMS of its values (PolarViTEmbeddings): keep it where float32 holds
     power = pixel_values.detach().float().square().mean(1)
     if spherical_input:
-        _, index, _ = icosphere_patches(config.icosphere_level, config.patch_level)
+        index = patch_index(config.icosphere_level, config.patch_level)
         patch_rms = power[:, index.to(power.device)].mean(-1).sqrt()
         patch = "patch"
     else:
